@@ -1,0 +1,121 @@
+"""Every error Silbo raises, under one root, and how each maps to gRPC and NGSI v2.
+
+The tree::
+
+    SilboError
+    ├── InvalidInput            a user sent something malformed (gRPC INVALID_ARGUMENT, HTTP 400)
+    │   ├── InvalidIdentifier   an entity id, type, attribute name, tenant or path breaks the rules
+    │   ├── InvalidValue        an attribute value is too deep, too long or not JSON
+    │   ├── QuerySyntaxError    a q / mq filter does not parse (carries the column)
+    │   ├── InvalidRegex        a pattern does not compile, or is too large
+    │   ├── InvalidSubscription a subscription is empty or contradictory
+    │   ├── InvalidUpdate       a context update is malformed
+    │   └── SerializationError  a msgpack payload is corrupt or of an unknown version
+    ├── NotFound                the named subscription or entity does not exist (NOT_FOUND, 404)
+    └── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
+
+Foreign exceptions are translated at the boundary where they enter (``raise X(...) from exc``);
+the rest of the code only ever sees these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "AlreadyExists",
+    "ErrorMapping",
+    "InvalidIdentifier",
+    "InvalidInput",
+    "InvalidRegex",
+    "InvalidSubscription",
+    "InvalidUpdate",
+    "InvalidValue",
+    "NotFound",
+    "QuerySyntaxError",
+    "SerializationError",
+    "SilboError",
+    "mapping_for",
+]
+
+
+class SilboError(Exception):
+    """Root of every error Silbo raises on purpose."""
+
+
+class InvalidInput(SilboError):
+    """The caller sent something malformed; nothing was changed."""
+
+
+class InvalidIdentifier(InvalidInput):
+    """An identifier (entity id or type, attribute name, tenant, service path) is not valid."""
+
+
+class InvalidValue(InvalidInput):
+    """An attribute or metadata value is not acceptable (too deep, too long, not JSON)."""
+
+
+class QuerySyntaxError(InvalidInput):
+    """A q or mq filter expression does not parse.
+
+    ``column`` is 1-based and points at the character where the problem was found.
+    """
+
+    def __init__(self, message: str, *, expression: str, column: int) -> None:
+        super().__init__(f"{message} (column {column})")
+        self.expression = expression
+        self.column = column
+        self.reason = message
+
+
+class InvalidRegex(InvalidInput):
+    """A regular expression does not compile, or exceeds the size limits."""
+
+
+class InvalidSubscription(InvalidInput):
+    """A subscription is empty, contradictory or otherwise unusable."""
+
+
+class InvalidUpdate(InvalidInput):
+    """A context update is malformed."""
+
+
+class SerializationError(InvalidInput):
+    """A serialized payload is corrupt, truncated or of an unsupported version."""
+
+
+class NotFound(SilboError):
+    """The named subscription or entity does not exist."""
+
+
+class AlreadyExists(SilboError):
+    """An object with that id already exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorMapping:
+    """How one error class is reported on each wire."""
+
+    grpc_status: str  # a grpc.StatusCode name; kept as text so the model imports no gRPC
+    http_status: int
+    ngsi_error: str
+
+
+# The one table. Subclasses inherit their nearest ancestor's row.
+_TABLE: dict[type[SilboError], ErrorMapping] = {
+    SilboError: ErrorMapping("INTERNAL", 500, "InternalServerError"),
+    InvalidInput: ErrorMapping("INVALID_ARGUMENT", 400, "BadRequest"),
+    QuerySyntaxError: ErrorMapping("INVALID_ARGUMENT", 400, "BadRequest"),
+    SerializationError: ErrorMapping("INVALID_ARGUMENT", 400, "ParseError"),
+    NotFound: ErrorMapping("NOT_FOUND", 404, "NotFound"),
+    AlreadyExists: ErrorMapping("ALREADY_EXISTS", 422, "Unprocessable"),
+}
+
+
+def mapping_for(error: BaseException) -> ErrorMapping:
+    """Return the wire mapping of ``error`` (unknown exceptions are internal errors)."""
+    for cls in type(error).__mro__:
+        row = _TABLE.get(cls)  # type: ignore[arg-type]
+        if row is not None:
+            return row
+    return _TABLE[SilboError]

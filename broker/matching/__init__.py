@@ -1,0 +1,1 @@
+"""Matching: the indexed engine and the reference matcher it is tested against."""

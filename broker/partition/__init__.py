@@ -1,0 +1,1 @@
+"""Partitioning subscriptions among matchers: the selector and per-owner state parts."""
