@@ -1,0 +1,221 @@
+"""Per-attribute indexes of one clause group: which clauses an attribute's value lets through.
+
+An :class:`AttributeIndex` answers, for the value an update carries for one attribute (or
+its absence), two bitsets over the group's clauses: *possible* (every clause whose constraint
+on this attribute might hold) and *sure* (clauses whose constraint certainly holds). Clauses
+with no constraint on the attribute are in both. ``sure`` is a subset of ``possible``; the
+engine verifies exactly the clauses that are possible but not sure.
+
+- numbers go to a :class:`NumericIndex` of intervals: the real line is cut into regions at the
+  interval ends (exactly, when there are few ends, otherwise into quantile cells), and each
+  region keeps the bitsets of the intervals that meet it and that cover it;
+- strings go to a :class:`StringIndex`: a hash of equality values, prefixes and suffixes by
+  length, substrings by needle length, and the regexes, with the answers for recent values
+  remembered;
+- arrays and objects may satisfy "contains" semantics, so every valued constraint is possible
+  and none sure; booleans and null satisfy no numeric or string test.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from broker.matching.bitset import from_mask, from_positions
+from broker.matching.constraint import AttributeConstraint, Interval, Presence, StringTest
+from broker.query.ast import Op
+from broker.query.regex import compile_pattern
+
+__all__ = ["AttributeIndex", "NumericIndex", "StringIndex"]
+
+EXACT_ENDS = 256  # up to this many distinct interval ends, regions are exact
+CELLS = 96  # otherwise, this many quantile cells
+_MEMO_LIMIT = 8192
+
+
+class NumericIndex:
+    """Intervals over the real line, queried with one number."""
+
+    __slots__ = ("_bounds", "_exact", "_possible", "_sure")
+
+    def __init__(self, entries: Sequence[tuple[int, Interval]], size: int) -> None:
+        positions = np.array([p for p, _ in entries], dtype=np.int64)
+        low = np.array([i.low for _, i in entries], dtype=np.float64)
+        high = np.array([i.high for _, i in entries], dtype=np.float64)
+        low_open = np.array([i.low_open for _, i in entries], dtype=np.bool_)
+        high_open = np.array([i.high_open for _, i in entries], dtype=np.bool_)
+        ends = np.unique(np.concatenate([low, high]))
+        ends = ends[np.isfinite(ends)]
+        self._exact = len(ends) <= EXACT_ENDS
+        if not self._exact:
+            quantiles = np.quantile(ends, np.linspace(0.0, 1.0, CELLS + 1)[1:-1])
+            ends = np.unique(quantiles)
+        self._bounds: list[float] = ends.tolist()
+        self._possible: list[int] = []
+        self._sure: list[int] = []
+
+        def add(possible: np.ndarray, sure: np.ndarray) -> None:
+            self._possible.append(_scatter(positions, possible, size))
+            self._sure.append(
+                self._possible[-1] if sure is possible else _scatter(positions, sure, size)
+            )
+
+        bounds = [-math.inf, *self._bounds, math.inf]
+        if self._exact:
+            # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf)
+            for k in range(len(bounds) - 1):
+                a, b = bounds[k], bounds[k + 1]
+                if k > 0:  # the point a itself
+                    point = _covers_point(low, low_open, high, high_open, a)
+                    add(point, point)
+                gap = (low <= a) & (high >= b)  # no interval ends strictly inside (a, b)
+                add(gap, gap)
+        else:
+            # cells [b_k, b_k+1) between quantile bounds
+            for k in range(len(bounds) - 1):
+                a, b = bounds[k], bounds[k + 1]
+                meets = (low < b) & ((high > a) | ((high == a) & ~high_open))
+                covers = ((low < a) | ((low == a) & ~low_open)) & (high >= b)
+                add(meets, covers)
+
+    def lookup(self, x: float) -> tuple[int, int]:
+        """The (possible, sure) bitsets for the value ``x``."""
+        bounds = self._bounds
+        if self._exact:
+            k = bisect.bisect_left(bounds, x)
+            region = 2 * k + 1 if k < len(bounds) and bounds[k] == x else 2 * k
+            return self._possible[region], self._sure[region]
+        k = bisect.bisect_right(bounds, x)
+        return self._possible[k], self._sure[k]
+
+
+def _covers_point(
+    low: np.ndarray, low_open: np.ndarray, high: np.ndarray, high_open: np.ndarray, x: float
+) -> np.ndarray:
+    result: np.ndarray = ((low < x) | ((low == x) & ~low_open)) & (
+        (high > x) | ((high == x) & ~high_open)
+    )
+    return result
+
+
+def _scatter(positions: np.ndarray, chosen: np.ndarray, size: int) -> int:
+    mask = np.zeros(size, dtype=np.bool_)
+    mask[positions[chosen]] = True
+    return from_mask(mask)
+
+
+class StringIndex:
+    """String tests (equality, prefix, suffix, contains, regex), queried with one string."""
+
+    __slots__ = ("_contains", "_equal", "_memo", "_prefix", "_regex", "_suffix")
+
+    def __init__(self, entries: Sequence[tuple[int, StringTest]], size: int) -> None:
+        equal: dict[str, list[int]] = {}
+        prefix: dict[str, list[int]] = {}
+        suffix: dict[str, list[int]] = {}
+        contains: dict[str, list[int]] = {}
+        regex: dict[str, list[int]] = {}
+        tables = {Op.EQ: equal, Op.PREFIX: prefix, Op.SUFFIX: suffix, Op.CONTAINS: contains}
+        for position, test in entries:
+            table = tables.get(test.op, regex)
+            for value in set(test.values):
+                table.setdefault(value, []).append(position)
+
+        def bits(table: dict[str, list[int]]) -> dict[str, int]:
+            return {value: from_positions(where, size) for value, where in table.items()}
+
+        self._equal = bits(equal)
+        self._prefix: dict[int, dict[str, int]] = {}
+        for value, value_bits in bits(prefix).items():
+            self._prefix.setdefault(len(value), {})[value] = value_bits
+        self._suffix: dict[int, dict[str, int]] = {}
+        for value, value_bits in bits(suffix).items():
+            self._suffix.setdefault(len(value), {})[value] = value_bits
+        self._contains = bits(contains)
+        self._regex: list[tuple[Callable[[str], Any], int]] = [
+            (compile_pattern(p), b) for p, b in bits(regex).items()
+        ]
+        self._memo: dict[str, int] = {}
+
+    def lookup(self, value: str) -> int:
+        """The bitset of clauses whose string test ``value`` passes."""
+        bits = self._memo.get(value)
+        if bits is not None:
+            return bits
+        bits = self._equal.get(value, 0)
+        size = len(value)
+        for length, table in self._prefix.items():
+            if length <= size:
+                bits |= table.get(value[:length], 0)
+        for length, table in self._suffix.items():
+            if length <= size:
+                bits |= table.get(value[size - length :], 0)
+        for needle, needle_bits in self._contains.items():
+            if needle in value:
+                bits |= needle_bits
+        for search, regex_bits in self._regex:
+            if search(value) is not None:
+                bits |= regex_bits
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[value] = bits
+        return bits
+
+
+class AttributeIndex:
+    """Everything one group's clauses ask of one attribute (see the module docstring)."""
+
+    __slots__ = ("_absent", "_numeric", "_present", "_strings", "_valued", "name")
+
+    def __init__(
+        self,
+        name: str,
+        entries: Sequence[tuple[int, AttributeConstraint]],
+        free: int,
+        size: int,
+    ) -> None:
+        self.name = name
+        absent: list[int] = []
+        present: list[int] = []
+        intervals: list[tuple[int, Interval]] = []
+        strings: list[tuple[int, StringTest]] = []
+        for position, constraint in entries:
+            if constraint.presence is Presence.ABSENT:
+                absent.append(position)
+            elif constraint.interval is not None:
+                intervals.append((position, constraint.interval))
+            elif constraint.string is not None:
+                strings.append((position, constraint.string))
+            else:
+                present.append(position)
+        self._absent = free | from_positions(absent, size)
+        self._present = free | from_positions(present, size)
+        valued = [p for p, _ in intervals] + [p for p, _ in strings]
+        self._valued = from_positions(valued, size)
+        self._numeric = NumericIndex(intervals, size) if intervals else None
+        self._strings = StringIndex(strings, size) if strings else None
+
+    def lookup(self, attribute: Any) -> tuple[int, int]:
+        """(possible, sure) for the update's attribute (None when the update lacks it)."""
+        if attribute is None:
+            return self._absent, self._absent
+        value = attribute.match_value
+        kind = type(value)
+        present = self._present
+        if kind is float or kind is int:
+            if self._numeric is None:
+                return present, present
+            possible, sure = self._numeric.lookup(value)
+            return present | possible, present | sure
+        if kind is str:
+            if self._strings is None:
+                return present, present
+            bits = present | self._strings.lookup(value)
+            return bits, bits
+        if kind is list or kind is dict:
+            return present | self._valued, present
+        return present, present

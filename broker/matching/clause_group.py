@@ -1,0 +1,243 @@
+"""A group of clauses that share tenant, scope, exact entity id and exact entity type.
+
+A *clause* is one entity selector of a subscription; a subscription with three selectors
+has three clauses and matches when any of them does. The engine hashes an update straight to
+the few groups whose shared key it satisfies; inside a group, bitsets over the clause
+positions narrow the clauses down attribute by attribute (the counting algorithm, done with
+bitwise AND instead of counters).
+
+States of a group::
+
+    EMPTY --add--> STALE --compile--> COMPILED --add/remove--> COMPILED + pending
+                     ^                                              |
+                     +------------- too many pending or dead -------+
+
+Clauses added since the last compilation are *pending*: they are checked one by one with
+the reference semantics until the group is compiled again (when pending clauses exceed an
+eighth of the group, or dead ones a quarter, or on ``Engine.compact``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.matching.attribute_index import AttributeIndex
+from broker.matching.bitset import from_positions, positions
+from broker.matching.constraint import AttributeConstraint, FilterPlan, plan
+from broker.matching.reference import subscription_matches
+from broker.model.subscription import EntitySelector, Subscription
+from broker.model.update import ContextUpdate
+from broker.query.ast import Filter
+from broker.query.regex import compile_pattern, is_match_all
+
+__all__ = ["Clause", "ClauseGroup"]
+
+_MIN_PENDING = 16
+_MEMO_LIMIT = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Clause:
+    """One entity selector of a subscription."""
+
+    subscription: Subscription
+    selector: EntitySelector
+
+
+class _PatternIndex:
+    """Regex selectors on the entity id or type; the answer per value is remembered."""
+
+    __slots__ = ("_free", "_memo", "_patterns")
+
+    def __init__(self, patterns: dict[str, list[int]], size: int) -> None:
+        self._patterns: list[tuple[Callable[[str], Any], int]] = [
+            (compile_pattern(p), from_positions(where, size)) for p, where in patterns.items()
+        ]
+        constrained = [p for where in patterns.values() for p in where]
+        self._free = ((1 << size) - 1) & ~from_positions(constrained, size)
+        self._memo: dict[str, int] = {}
+
+    def lookup(self, value: str) -> int:
+        bits = self._memo.get(value)
+        if bits is None:
+            bits = self._free
+            for search, pattern_bits in self._patterns:
+                if search(value) is not None:
+                    bits |= pattern_bits
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[value] = bits
+        return bits
+
+
+class _Compiled:
+    """The indexes of a group over clause positions 0..size-1."""
+
+    __slots__ = (
+        "attributes",
+        "condition_free",
+        "conditions",
+        "exact",
+        "id_patterns",
+        "ids",
+        "size",
+        "subscriptions",
+        "type_patterns",
+    )
+
+    def __init__(self, clauses: list[Clause]) -> None:
+        size = self.size = len(clauses)
+        everyone = (1 << size) - 1
+        self.subscriptions = [c.subscription for c in clauses]
+        self.ids = [c.subscription.id for c in clauses]
+        plans: dict[int, FilterPlan] = {}
+        by_attribute: dict[str, list[tuple[int, AttributeConstraint]]] = {}
+        conditions: dict[str, list[int]] = {}
+        condition_free: list[int] = []
+        id_patterns: dict[str, list[int]] = {}
+        type_patterns: dict[str, list[int]] = {}
+        residual: list[int] = []
+        for position, clause in enumerate(clauses):
+            subscription, selector = clause.subscription, clause.selector
+            filter_plan = _plan_of(subscription.filter, plans)
+            if filter_plan.residual or subscription.expires is not None:
+                residual.append(position)
+            for name, constraint in filter_plan.constraints.items():
+                entries = by_attribute.get(name)
+                if entries is None:
+                    entries = by_attribute[name] = []
+                entries.append((position, constraint))
+            if subscription.condition_attrs:
+                for name in set(subscription.condition_attrs):
+                    conditions.setdefault(name, []).append(position)
+            else:
+                condition_free.append(position)
+            if selector.id is None and not is_match_all(selector.id_pattern or ""):
+                id_patterns.setdefault(selector.id_pattern or "", []).append(position)
+            pattern = selector.type_pattern
+            if selector.type is None and pattern is not None and not is_match_all(pattern):
+                type_patterns.setdefault(pattern, []).append(position)
+        self.exact = everyone & ~from_positions(residual, size)
+        self.conditions = {n: from_positions(p, size) for n, p in conditions.items()}
+        self.condition_free = from_positions(condition_free, size) if conditions else everyone
+        self.id_patterns = _PatternIndex(id_patterns, size) if id_patterns else None
+        self.type_patterns = _PatternIndex(type_patterns, size) if type_patterns else None
+        indexes = []
+        for name, entries in by_attribute.items():
+            constrained = from_positions([p for p, _ in entries], size)
+            index = AttributeIndex(name, entries, everyone & ~constrained, size)
+            indexes.append((len(entries), index))
+        # most constrained attributes first: they prune the most, and an empty set stops early
+        indexes.sort(key=lambda item: -item[0])
+        self.attributes = [index for _, index in indexes]
+
+    def match(
+        self, update: ContextUpdate, candidates: int, now: float, out: list[str]
+    ) -> None:
+        """Append the ids of the matching clauses among ``candidates`` to ``out``."""
+        attributes = update.attributes
+        if self.conditions:
+            bits = self.condition_free
+            conditions = self.conditions
+            for name in attributes:
+                bits |= conditions.get(name, 0)
+            candidates &= bits
+        if self.id_patterns is not None and candidates:
+            candidates &= self.id_patterns.lookup(update.entity_id)
+        if self.type_patterns is not None and candidates:
+            candidates &= self.type_patterns.lookup(update.entity_type)
+        sure = candidates
+        for index in self.attributes:
+            if not candidates:
+                return
+            possible, certain = index.lookup(attributes.get(index.name))
+            candidates &= possible
+            sure &= certain
+        if not candidates:
+            return
+        sure &= self.exact
+        ids = self.ids
+        if sure:
+            out.extend([ids[p] for p in positions(sure)])
+        uncertain = candidates & ~sure
+        if uncertain:
+            subscriptions = self.subscriptions
+            for p in positions(uncertain):
+                if subscription_matches(subscriptions[p], update, now):
+                    out.append(ids[p])
+
+
+def _plan_of(filter_: Filter, plans: dict[int, FilterPlan]) -> FilterPlan:
+    # filters parsed from the same text are one object (the parser caches them)
+    key = id(filter_)
+    found = plans.get(key)
+    if found is None:
+        found = plans[key] = plan(filter_)
+    return found
+
+
+class ClauseGroup:
+    """The clauses under one (tenant, scope, entity id, entity type) key."""
+
+    __slots__ = ("_alive", "_clauses", "_compiled", "_dead", "_pending", "_positions")
+
+    def __init__(self) -> None:
+        self._clauses: list[Clause | None] = []
+        self._positions: dict[str, list[int]] = {}  # subscription id -> clause positions
+        self._alive = 0  # live positions among the compiled ones
+        self._dead = 0
+        self._compiled: _Compiled | None = None
+        self._pending: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._clauses) - self._dead
+
+    def add(self, clause: Clause) -> None:
+        """Add a clause (checked one by one until the next compilation)."""
+        position = len(self._clauses)
+        self._clauses.append(clause)
+        self._positions.setdefault(clause.subscription.id, []).append(position)
+        self._pending.append(position)
+
+    def remove(self, subscription_id: str) -> None:
+        """Remove every clause of the subscription."""
+        for position in self._positions.pop(subscription_id, ()):
+            self._clauses[position] = None
+            self._alive &= ~(1 << position)
+            self._dead += 1
+        if self._pending:
+            self._pending = [p for p in self._pending if self._clauses[p] is not None]
+
+    def compile(self) -> None:
+        """Rebuild the indexes over every live clause."""
+        clauses = [c for c in self._clauses if c is not None]
+        self._clauses = list(clauses)
+        self._positions = {}
+        for position, clause in enumerate(clauses):
+            self._positions.setdefault(clause.subscription.id, []).append(position)
+        self._alive = (1 << len(clauses)) - 1
+        self._dead = 0
+        self._pending = []
+        self._compiled = _Compiled(clauses) if clauses else None
+
+    def needs_compiling(self) -> bool:
+        """True when pending or dead clauses have grown past their share."""
+        compiled = self._compiled.size if self._compiled is not None else 0
+        pending = len(self._pending)
+        return (pending > _MIN_PENDING and pending * 8 > compiled) or (
+            self._dead > _MIN_PENDING and self._dead * 4 > compiled
+        )
+
+    def match(self, update: ContextUpdate, now: float, out: list[str]) -> None:
+        """Append the subscription ids of every matching clause to ``out``."""
+        if self.needs_compiling():
+            self.compile()
+        compiled = self._compiled
+        if compiled is not None:
+            compiled.match(update, self._alive, now, out)
+        for position in self._pending:
+            clause = self._clauses[position]
+            if clause is not None and subscription_matches(clause.subscription, update, now):
+                out.append(clause.subscription.id)

@@ -1,0 +1,178 @@
+"""The indexed matching engine: the subscriptions a matcher holds, and matching against them.
+
+Layout, from an update to its matches:
+
+1. ``tenant -> scope -> (entity id | None, entity type | None) -> ClauseGroup``: an update
+   looks up its tenant, the scopes that cover its service path (its own path, ``/#`` and each
+   ancestor's ``/x/#``, remembered per path), and in each scope at most four keys — so the
+   cost does not grow with subscriptions that cannot match it;
+2. inside a group, per-attribute bitset indexes narrow the clauses down (see
+   :mod:`broker.matching.clause_group` and :mod:`broker.matching.attribute_index`);
+3. the few clauses the indexes cannot decide exactly are checked with the reference semantics.
+
+Inactive subscriptions are held (so they can be listed and moved) but not indexed. Results
+equal :class:`broker.matching.reference.ReferenceMatcher`'s on every input; the property
+tests in tests/matching hold the two together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+from broker.errors import NotFound
+from broker.matching.clause_group import Clause, ClauseGroup
+from broker.model.identifiers import scopes_covering
+from broker.model.subscription import Status, Subscription
+from broker.model.update import ContextUpdate
+
+__all__ = ["Engine"]
+
+_Key = tuple[str | None, str | None]
+_PATH_CACHE_LIMIT = 4096
+
+
+class _TenantIndex:
+    """One tenant's groups, by scope and then by (id, type) key."""
+
+    __slots__ = ("_covering", "scopes")
+
+    def __init__(self) -> None:
+        self.scopes: dict[str, dict[_Key, ClauseGroup]] = {}
+        self._covering: dict[str, list[dict[_Key, ClauseGroup]]] = {}
+
+    def group(self, scope: str, key: _Key) -> ClauseGroup:
+        table = self.scopes.get(scope)
+        if table is None:
+            table = self.scopes[scope] = {}
+            self._covering.clear()
+        group = table.get(key)
+        if group is None:
+            group = table[key] = ClauseGroup()
+        return group
+
+    def drop_if_empty(self, scope: str, key: _Key) -> None:
+        table = self.scopes.get(scope)
+        if table is None or len(table[key]) > 0:
+            return
+        del table[key]
+        if not table:
+            del self.scopes[scope]
+            self._covering.clear()
+
+    def tables_for(self, path: str) -> list[dict[_Key, ClauseGroup]]:
+        """The group tables of every scope that covers ``path``."""
+        tables = self._covering.get(path)
+        if tables is None:
+            scopes = self.scopes
+            tables = [scopes[s] for s in scopes_covering(path) if s in scopes]
+            if len(self._covering) >= _PATH_CACHE_LIMIT:
+                self._covering.clear()
+            self._covering[path] = tables
+        return tables
+
+
+class Engine:
+    """Holds subscriptions in indexes and matches updates against them."""
+
+    def __init__(self, subscriptions: Iterable[Subscription] = ()) -> None:
+        self._subscriptions: dict[str, Subscription] = {}
+        self._tenants: dict[str, _TenantIndex] = {}
+        for subscription in subscriptions:
+            self.add(subscription)
+
+    def __len__(self) -> int:
+        return len(self._subscriptions)
+
+    def __contains__(self, subscription_id: object) -> bool:
+        return subscription_id in self._subscriptions
+
+    def __iter__(self) -> Iterator[Subscription]:
+        return iter(self._subscriptions.values())
+
+    def get(self, subscription_id: str) -> Subscription:
+        """The subscription with that id; NotFound if there is none."""
+        try:
+            return self._subscriptions[subscription_id]
+        except KeyError:
+            raise NotFound(f"no subscription {subscription_id!r}") from None
+
+    def subscriptions(self) -> list[Subscription]:
+        """Every subscription held."""
+        return list(self._subscriptions.values())
+
+    def add(self, subscription: Subscription) -> None:
+        """Add a subscription, replacing any with the same id."""
+        if subscription.id in self._subscriptions:
+            self.remove(subscription.id)
+        self._subscriptions[subscription.id] = subscription
+        if subscription.status is Status.INACTIVE:
+            return
+        tenant = self._tenants.get(subscription.tenant)
+        if tenant is None:
+            tenant = self._tenants[subscription.tenant] = _TenantIndex()
+        for key in _keys(subscription):
+            clause_selectors = [
+                s for s in subscription.entities if (s.id, s.type) == key
+            ]
+            group = tenant.group(subscription.service_path, key)
+            for selector in clause_selectors:
+                group.add(Clause(subscription, selector))
+
+    def remove(self, subscription_id: str) -> Subscription:
+        """Remove and return a subscription; NotFound if there is none with that id."""
+        subscription = self._subscriptions.pop(subscription_id, None)
+        if subscription is None:
+            raise NotFound(f"no subscription {subscription_id!r}")
+        tenant = self._tenants.get(subscription.tenant)
+        if tenant is not None:
+            for key in _keys(subscription):
+                table = tenant.scopes.get(subscription.service_path)
+                group = table.get(key) if table is not None else None
+                if group is not None:
+                    group.remove(subscription_id)
+                    tenant.drop_if_empty(subscription.service_path, key)
+            if not tenant.scopes:
+                del self._tenants[subscription.tenant]
+        return subscription
+
+    def compact(self) -> None:
+        """Build every index now (otherwise groups build lazily when they first match)."""
+        for tenant in self._tenants.values():
+            for table in tenant.scopes.values():
+                for group in table.values():
+                    group.compile()
+
+    def match(self, update: ContextUpdate, now: float | None = None) -> set[str]:
+        """The ids of every subscription that matches ``update``."""
+        return set(self._match_list(update, time.time() if now is None else now))
+
+    def match_batch(
+        self, updates: Sequence[ContextUpdate], now: float | None = None
+    ) -> list[set[str]]:
+        """``match`` for each update, in order."""
+        now = time.time() if now is None else now
+        match = self._match_list
+        return [set(match(update, now)) for update in updates]
+
+    def _match_list(self, update: ContextUpdate, now: float) -> list[str]:
+        tenant = self._tenants.get(update.tenant)
+        out: list[str] = []
+        if tenant is None:
+            return out
+        entity_id, entity_type = update.entity_id, update.entity_type
+        for table in tenant.tables_for(update.service_path):
+            for key in (
+                (entity_id, entity_type),
+                (entity_id, None),
+                (None, entity_type),
+                (None, None),
+            ):
+                group = table.get(key)
+                if group is not None:
+                    group.match(update, now, out)
+        return out
+
+
+def _keys(subscription: Subscription) -> set[_Key]:
+    return {(s.id, s.type) for s in subscription.entities}
