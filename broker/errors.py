@@ -115,7 +115,7 @@ _TABLE: dict[type[SilboError], ErrorMapping] = {
 def mapping_for(error: BaseException) -> ErrorMapping:
     """Return the wire mapping of ``error`` (unknown exceptions are internal errors)."""
     for cls in type(error).__mro__:
-        row = _TABLE.get(cls)  # type: ignore[arg-type]
+        row = _TABLE.get(cls)
         if row is not None:
             return row
     return _TABLE[SilboError]

@@ -40,7 +40,7 @@ _MEMO_LIMIT = 8192
 class NumericIndex:
     """Intervals over the real line, queried with one number."""
 
-    __slots__ = ("_bounds", "_exact", "_possible", "_sure")
+    __slots__ = ("_bounds", "_possible", "_sure", "exact")
 
     def __init__(self, entries: Sequence[tuple[int, Interval]], size: int) -> None:
         positions = np.array([p for p, _ in entries], dtype=np.int64)
@@ -50,8 +50,8 @@ class NumericIndex:
         high_open = np.array([i.high_open for _, i in entries], dtype=np.bool_)
         ends = np.unique(np.concatenate([low, high]))
         ends = ends[np.isfinite(ends)]
-        self._exact = len(ends) <= EXACT_ENDS
-        if not self._exact:
+        self.exact = len(ends) <= EXACT_ENDS
+        if not self.exact:
             quantiles = np.quantile(ends, np.linspace(0.0, 1.0, CELLS + 1)[1:-1])
             ends = np.unique(quantiles)
         self._bounds: list[float] = ends.tolist()
@@ -65,7 +65,7 @@ class NumericIndex:
             )
 
         bounds = [-math.inf, *self._bounds, math.inf]
-        if self._exact:
+        if self.exact:
             # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf)
             for k in range(len(bounds) - 1):
                 a, b = bounds[k], bounds[k + 1]
@@ -85,7 +85,7 @@ class NumericIndex:
     def lookup(self, x: float) -> tuple[int, int]:
         """The (possible, sure) bitsets for the value ``x``."""
         bounds = self._bounds
-        if self._exact:
+        if self.exact:
             k = bisect.bisect_left(bounds, x)
             region = 2 * k + 1 if k < len(bounds) and bounds[k] == x else 2 * k
             return self._possible[region], self._sure[region]
@@ -169,7 +169,7 @@ class StringIndex:
 class AttributeIndex:
     """Everything one group's clauses ask of one attribute (see the module docstring)."""
 
-    __slots__ = ("_absent", "_numeric", "_present", "_strings", "_valued", "name")
+    __slots__ = ("_absent", "_numeric", "_present", "_strings", "_valued", "exact", "name")
 
     def __init__(
         self,
@@ -198,6 +198,7 @@ class AttributeIndex:
         self._valued = from_positions(valued, size)
         self._numeric = NumericIndex(intervals, size) if intervals else None
         self._strings = StringIndex(strings, size) if strings else None
+        self.exact = self._numeric is None or self._numeric.exact  # possible == sure for scalars
 
     def lookup(self, attribute: Any) -> tuple[int, int]:
         """(possible, sure) for the update's attribute (None when the update lacks it)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.matching.attribute_index import AttributeIndex
 from broker.matching.bitset import from_positions, positions
-from broker.matching.constraint import AttributeConstraint, FilterPlan, plan
+from broker.matching.constraint import AttributeConstraint, FilterPlan, Interval, plan
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
@@ -82,6 +82,7 @@ class _Compiled:
         "exact",
         "id_patterns",
         "ids",
+        "intervals",
         "size",
         "subscriptions",
         "type_patterns",
@@ -125,17 +126,36 @@ class _Compiled:
         self.id_patterns = _PatternIndex(id_patterns, size) if id_patterns else None
         self.type_patterns = _PatternIndex(type_patterns, size) if type_patterns else None
         indexes = []
+        celled: set[str] = set()
         for name, entries in by_attribute.items():
             constrained = from_positions([p for p, _ in entries], size)
             index = AttributeIndex(name, entries, everyone & ~constrained, size)
             indexes.append((len(entries), index))
+            if not index.exact:
+                celled.add(name)
         # most constrained attributes first: they prune the most, and an empty set stops early
         indexes.sort(key=lambda item: -item[0])
         self.attributes = [index for _, index in indexes]
+        # intervals of the exact clauses that quantile cells can leave undecided
+        self.intervals: dict[int, tuple[tuple[str, Interval], ...]] = {}
+        if celled:
+            for name in celled:
+                for position, constraint in by_attribute[name]:
+                    if constraint.interval is not None and position not in self.intervals:
+                        self.intervals[position] = ()
+            residual_set = set(residual)
+            for position in list(self.intervals):
+                if position in residual_set:
+                    del self.intervals[position]
+                    continue
+                filter_plan = _plan_of(clauses[position].subscription.filter, plans)
+                self.intervals[position] = tuple(
+                    (name, c.interval)
+                    for name, c in filter_plan.constraints.items()
+                    if c.interval is not None
+                )
 
-    def match(
-        self, update: ContextUpdate, candidates: int, now: float, out: list[str]
-    ) -> None:
+    def match(self, update: ContextUpdate, candidates: int, now: float, out: list[str]) -> None:
         """Append the ids of the matching clauses among ``candidates`` to ``out``."""
         attributes = update.attributes
         if self.conditions:
@@ -149,10 +169,14 @@ class _Compiled:
         if self.type_patterns is not None and candidates:
             candidates &= self.type_patterns.lookup(update.entity_type)
         sure = candidates
+        compound = False  # an array or object value: "contains" semantics, left to the check
         for index in self.attributes:
             if not candidates:
                 return
-            possible, certain = index.lookup(attributes.get(index.name))
+            attribute = attributes.get(index.name)
+            if attribute is not None and type(attribute.match_value) in _COMPOUND:
+                compound = True
+            possible, certain = index.lookup(attribute)
             candidates &= possible
             sure &= certain
         if not candidates:
@@ -162,11 +186,32 @@ class _Compiled:
         if sure:
             out.extend([ids[p] for p in positions(sure)])
         uncertain = candidates & ~sure
+        if not uncertain:
+            return
+        if not compound and self.intervals:
+            # exact clauses are undecided only where a cell cut through an interval
+            undecided = uncertain & self.exact
+            uncertain ^= undecided
+            intervals = self.intervals
+            for p in positions(undecided):
+                if _within(intervals[p], attributes):
+                    out.append(ids[p])
         if uncertain:
             subscriptions = self.subscriptions
             for p in positions(uncertain):
                 if subscription_matches(subscriptions[p], update, now):
                     out.append(ids[p])
+
+
+_COMPOUND = (list, dict)
+
+
+def _within(intervals: tuple[tuple[str, Interval], ...], attributes: Any) -> bool:
+    for name, (low, low_open, high, high_open) in intervals:
+        x = attributes[name].match_value
+        if x < low or x > high or (low_open and x == low) or (high_open and x == high):
+            return False
+    return True
 
 
 def _plan_of(filter_: Filter, plans: dict[int, FilterPlan]) -> FilterPlan:

@@ -112,9 +112,7 @@ class Engine:
         if tenant is None:
             tenant = self._tenants[subscription.tenant] = _TenantIndex()
         for key in _keys(subscription):
-            clause_selectors = [
-                s for s in subscription.entities if (s.id, s.type) == key
-            ]
+            clause_selectors = [s for s in subscription.entities if (s.id, s.type) == key]
             group = tenant.group(subscription.service_path, key)
             for selector in clause_selectors:
                 group.add(Clause(subscription, selector))

@@ -14,7 +14,7 @@ from broker.model.identifiers import scope_matches
 from broker.model.subscription import EntitySelector, Status, Subscription
 from broker.model.update import ContextUpdate
 from broker.query.evaluate import filter_matches
-from broker.query.regex import compile_pattern
+from broker.query.regex import compile_pattern, is_match_all
 
 __all__ = ["ReferenceMatcher", "selector_matches", "subscription_matches"]
 
@@ -24,7 +24,9 @@ def selector_matches(selector: EntitySelector, entity_id: str, entity_type: str)
     if selector.id is not None:
         if selector.id != entity_id:
             return False
-    elif compile_pattern(selector.id_pattern or "")(entity_id) is None:
+    elif not is_match_all(selector.id_pattern or "") and (
+        compile_pattern(selector.id_pattern or "")(entity_id) is None
+    ):
         return False
     if selector.type is not None:
         return selector.type == entity_type
@@ -39,16 +41,15 @@ def subscription_matches(
     """Tell whether ``subscription`` matches ``update`` (the definition of matching)."""
     if subscription.status is Status.INACTIVE:
         return False
-    if subscription.expires is not None:
-        if subscription.expires <= (time.time() if now is None else now):
-            return False
+    expires = subscription.expires
+    if expires is not None and expires <= (time.time() if now is None else now):
+        return False
     if subscription.tenant != update.tenant:
         return False
     if not scope_matches(subscription.service_path, update.service_path):
         return False
     if not any(
-        selector_matches(s, update.entity_id, update.entity_type)
-        for s in subscription.entities
+        selector_matches(s, update.entity_id, update.entity_type) for s in subscription.entities
     ):
         return False
     if subscription.condition_attrs and not any(
@@ -90,9 +91,7 @@ class ReferenceMatcher:
     def match(self, update: ContextUpdate, now: float | None = None) -> set[str]:
         """The ids of every subscription that matches ``update``."""
         now = time.time() if now is None else now
-        return {
-            s.id for s in self._subscriptions.values() if subscription_matches(s, update, now)
-        }
+        return {s.id for s in self._subscriptions.values() if subscription_matches(s, update, now)}
 
     def match_batch(
         self, updates: Sequence[ContextUpdate], now: float | None = None

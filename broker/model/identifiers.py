@@ -71,8 +71,7 @@ def check_tenant(value: object) -> str:
         raise InvalidIdentifier(f"tenant must be a string, not {type(value).__name__}")
     if value and not _TENANT.fullmatch(value):
         raise InvalidIdentifier(
-            f"tenant {value!r} must be at most {MAX_TENANT_LENGTH} lowercase letters, "
-            "digits or '_'"
+            f"tenant {value!r} must be at most {MAX_TENANT_LENGTH} lowercase letters, digits or '_'"
         )
     return sys.intern(value)
 

@@ -92,9 +92,7 @@ class EntitySelector:
     @property
     def any_type(self) -> bool:
         """True when the selector accepts every entity type."""
-        return self.type is None and (
-            self.type_pattern is None or is_match_all(self.type_pattern)
-        )
+        return self.type is None and (self.type_pattern is None or is_match_all(self.type_pattern))
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +177,7 @@ class Subscription:
     def replace(self, **changes: object) -> Subscription:
         """A copy with some fields changed (validated again)."""
         fields = {
-            name: getattr(self, name)
-            for name in self.__dataclass_fields__
-            if name != "filter"
+            name: getattr(self, name) for name in self.__dataclass_fields__ if name != "filter"
         }
         fields.update(changes)
-        return Subscription(**fields)  # type: ignore[arg-type]
+        return Subscription(**fields)

@@ -40,9 +40,7 @@ class ContextUpdate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entity_id", check_identifier(self.entity_id, "entity id"))
-        object.__setattr__(
-            self, "entity_type", check_identifier(self.entity_type, "entity type")
-        )
+        object.__setattr__(self, "entity_type", check_identifier(self.entity_type, "entity type"))
         object.__setattr__(self, "tenant", check_tenant(self.tenant))
         object.__setattr__(self, "service_path", check_service_path(self.service_path))
         if not isinstance(self.attributes, Mapping):
