@@ -20,11 +20,14 @@ eighth of the group, or dead ones a quarter, or on ``Engine.compact``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from broker.matching.attribute_index import AttributeIndex
-from broker.matching.bitset import from_positions, positions
+from broker.matching.bitset import from_positions, position_array, positions
 from broker.matching.constraint import AttributeConstraint, FilterPlan, Interval, plan
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
@@ -32,7 +35,7 @@ from broker.model.update import ContextUpdate
 from broker.query.ast import Filter
 from broker.query.regex import compile_pattern, is_match_all
 
-__all__ = ["Clause", "ClauseGroup"]
+__all__ = ["Clause", "ClauseGroup", "Matches"]
 
 _MIN_PENDING = 16
 _MEMO_LIMIT = 8192
@@ -40,10 +43,19 @@ _MEMO_LIMIT = 8192
 
 @dataclass(frozen=True, slots=True)
 class Clause:
-    """One entity selector of a subscription."""
+    """One entity selector of a subscription; ``slot`` is the subscription's engine number."""
 
     subscription: Subscription
     selector: EntitySelector
+    slot: int
+
+
+@dataclass(slots=True)
+class Matches:
+    """Where a group puts the slots of its matching clauses: whole arrays, or one by one."""
+
+    arrays: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
 
 
 class _PatternIndex:
@@ -81,9 +93,9 @@ class _Compiled:
         "conditions",
         "exact",
         "id_patterns",
-        "ids",
         "intervals",
         "size",
+        "slots",
         "subscriptions",
         "type_patterns",
     )
@@ -92,7 +104,7 @@ class _Compiled:
         size = self.size = len(clauses)
         everyone = (1 << size) - 1
         self.subscriptions = [c.subscription for c in clauses]
-        self.ids = [c.subscription.id for c in clauses]
+        self.slots = np.array([c.slot for c in clauses], dtype=np.int64)
         plans: dict[int, FilterPlan] = {}
         by_attribute: dict[str, list[tuple[int, AttributeConstraint]]] = {}
         conditions: dict[str, list[int]] = {}
@@ -155,8 +167,8 @@ class _Compiled:
                     if c.interval is not None
                 )
 
-    def match(self, update: ContextUpdate, candidates: int, now: float, out: list[str]) -> None:
-        """Append the ids of the matching clauses among ``candidates`` to ``out``."""
+    def match(self, update: ContextUpdate, candidates: int, now: float, out: Matches) -> None:
+        """Add the slots of the matching clauses among ``candidates`` to ``out``."""
         attributes = update.attributes
         if self.conditions:
             bits = self.condition_free
@@ -182,12 +194,13 @@ class _Compiled:
         if not candidates:
             return
         sure &= self.exact
-        ids = self.ids
+        slots = self.slots
         if sure:
-            out.extend([ids[p] for p in positions(sure)])
+            out.arrays.append(slots[position_array(sure)])
         uncertain = candidates & ~sure
         if not uncertain:
             return
+        found = out.slots
         if not compound and self.intervals:
             # exact clauses are undecided only where a cell cut through an interval
             undecided = uncertain & self.exact
@@ -195,12 +208,12 @@ class _Compiled:
             intervals = self.intervals
             for p in positions(undecided):
                 if _within(intervals[p], attributes):
-                    out.append(ids[p])
+                    found.append(int(slots[p]))
         if uncertain:
             subscriptions = self.subscriptions
             for p in positions(uncertain):
                 if subscription_matches(subscriptions[p], update, now):
-                    out.append(ids[p])
+                    found.append(int(slots[p]))
 
 
 _COMPOUND = (list, dict)
@@ -275,9 +288,9 @@ class ClauseGroup:
             self._dead > _MIN_PENDING and self._dead * 4 > compiled
         )
 
-    def match(self, update: ContextUpdate, now: float, out: list[str]) -> None:
-        """Append the subscription ids of every matching clause to ``out``."""
-        if self.needs_compiling():
+    def match(self, update: ContextUpdate, now: float, out: Matches) -> None:
+        """Add the slots of every matching clause to ``out``."""
+        if (self._pending or self._dead) and self.needs_compiling():
             self.compile()
         compiled = self._compiled
         if compiled is not None:
@@ -285,4 +298,4 @@ class ClauseGroup:
         for position in self._pending:
             clause = self._clauses[position]
             if clause is not None and subscription_matches(clause.subscription, update, now):
-                out.append(clause.subscription.id)
+                out.slots.append(clause.slot)

@@ -10,6 +10,11 @@ Layout, from an update to its matches:
    :mod:`broker.matching.clause_group` and :mod:`broker.matching.attribute_index`);
 3. the few clauses the indexes cannot decide exactly are checked with the reference semantics.
 
+Each subscription gets a *slot*, a small integer, for as long as it is held. The hot path
+works in slots: :meth:`Engine.match_slots` returns a numpy array of them without touching one
+Python object per match, and :meth:`Engine.ids` turns slots into subscription ids when they
+are needed. :meth:`Engine.match` does both.
+
 Inactive subscriptions are held (so they can be listed and moved) but not indexed. Results
 equal :class:`broker.matching.reference.ReferenceMatcher`'s on every input; the property
 tests in tests/matching hold the two together.
@@ -20,8 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from broker.errors import NotFound
-from broker.matching.clause_group import Clause, ClauseGroup
+from broker.matching.clause_group import Clause, ClauseGroup, Matches
 from broker.model.identifiers import scopes_covering
 from broker.model.subscription import Status, Subscription
 from broker.model.update import ContextUpdate
@@ -30,6 +38,7 @@ __all__ = ["Engine"]
 
 _Key = tuple[str | None, str | None]
 _PATH_CACHE_LIMIT = 4096
+_NO_SLOTS: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
 
 
 class _TenantIndex:
@@ -78,6 +87,10 @@ class Engine:
     def __init__(self, subscriptions: Iterable[Subscription] = ()) -> None:
         self._subscriptions: dict[str, Subscription] = {}
         self._tenants: dict[str, _TenantIndex] = {}
+        self._slot_of: dict[str, int] = {}
+        self._ids: list[str] = []  # slot -> subscription id ("" while the slot is free)
+        self._free_slots: list[int] = []
+        self._multi_clause = 0  # subscriptions with several clauses: results need de-duplicating
         for subscription in subscriptions:
             self.add(subscription)
 
@@ -108,20 +121,34 @@ class Engine:
         self._subscriptions[subscription.id] = subscription
         if subscription.status is Status.INACTIVE:
             return
+        if self._free_slots:
+            slot = self._free_slots.pop()
+            self._ids[slot] = subscription.id
+        else:
+            slot = len(self._ids)
+            self._ids.append(subscription.id)
+        self._slot_of[subscription.id] = slot
+        if len(subscription.entities) > 1:
+            self._multi_clause += 1
         tenant = self._tenants.get(subscription.tenant)
         if tenant is None:
             tenant = self._tenants[subscription.tenant] = _TenantIndex()
-        for key in _keys(subscription):
-            clause_selectors = [s for s in subscription.entities if (s.id, s.type) == key]
-            group = tenant.group(subscription.service_path, key)
-            for selector in clause_selectors:
-                group.add(Clause(subscription, selector))
+        for selector in subscription.entities:
+            group = tenant.group(subscription.service_path, (selector.id, selector.type))
+            group.add(Clause(subscription, selector, slot))
 
     def remove(self, subscription_id: str) -> Subscription:
         """Remove and return a subscription; NotFound if there is none with that id."""
         subscription = self._subscriptions.pop(subscription_id, None)
         if subscription is None:
             raise NotFound(f"no subscription {subscription_id!r}")
+        slot = self._slot_of.pop(subscription_id, None)
+        if slot is None:  # inactive: never indexed
+            return subscription
+        self._ids[slot] = ""
+        self._free_slots.append(slot)
+        if len(subscription.entities) > 1:
+            self._multi_clause -= 1
         tenant = self._tenants.get(subscription.tenant)
         if tenant is not None:
             for key in _keys(subscription):
@@ -143,21 +170,41 @@ class Engine:
 
     def match(self, update: ContextUpdate, now: float | None = None) -> set[str]:
         """The ids of every subscription that matches ``update``."""
-        return set(self._match_list(update, time.time() if now is None else now))
+        ids = self._ids
+        slots = self.match_slots(update, now)
+        return {ids[slot] for slot in slots.tolist()}
 
     def match_batch(
         self, updates: Sequence[ContextUpdate], now: float | None = None
     ) -> list[set[str]]:
         """``match`` for each update, in order."""
-        now = time.time() if now is None else now
-        match = self._match_list
-        return [set(match(update, now)) for update in updates]
+        ids = self._ids
+        return [
+            {ids[slot] for slot in slots.tolist()} for slots in self.match_batch_slots(updates, now)
+        ]
 
-    def _match_list(self, update: ContextUpdate, now: float) -> list[str]:
+    def match_slots(self, update: ContextUpdate, now: float | None = None) -> npt.NDArray[np.int64]:
+        """The slots of every subscription that matches ``update`` (no duplicates)."""
+        return self._match(update, time.time() if now is None else now)
+
+    def match_batch_slots(
+        self, updates: Sequence[ContextUpdate], now: float | None = None
+    ) -> list[npt.NDArray[np.int64]]:
+        """``match_slots`` for each update, in order."""
+        now = time.time() if now is None else now
+        match = self._match
+        return [match(update, now) for update in updates]
+
+    def ids(self, slots: npt.NDArray[np.int64]) -> list[str]:
+        """The subscription ids of slots returned by the last matches."""
+        ids = self._ids
+        return [ids[slot] for slot in slots.tolist()]
+
+    def _match(self, update: ContextUpdate, now: float) -> npt.NDArray[np.int64]:
         tenant = self._tenants.get(update.tenant)
-        out: list[str] = []
         if tenant is None:
-            return out
+            return _NO_SLOTS
+        out = Matches()
         entity_id, entity_type = update.entity_id, update.entity_type
         for table in tenant.tables_for(update.service_path):
             for key in (
@@ -169,7 +216,15 @@ class Engine:
                 group = table.get(key)
                 if group is not None:
                     group.match(update, now, out)
-        return out
+        arrays = out.arrays
+        if out.slots:
+            arrays.append(np.array(out.slots, dtype=np.int64))
+        if not arrays:
+            return _NO_SLOTS
+        result = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        if self._multi_clause and len(result) > 1:
+            result = np.unique(result)
+        return result
 
 
 def _keys(subscription: Subscription) -> set[_Key]:
