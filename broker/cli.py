@@ -1,0 +1,78 @@
+"""The ``silbo`` command: wires each command family's module into one argparse tree.
+
+Every command lives in its own module, which exposes ``configure(parser)`` (adds its options
+and sets ``handler``) and a handler ``run(args) -> int`` (the exit status). This module
+only builds the tree; adding a command is one row in :data:`_COMMANDS` or
+:data:`_BENCHMARKS`::
+
+    silbo demo                      broker.demo
+    silbo bench match               broker.bench.match
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from importlib import metadata
+
+from broker import demo
+from broker.bench import match
+
+__all__ = ["build_parser", "main"]
+
+_Configure = Callable[[argparse.ArgumentParser], None]
+
+# (name, one-line help, configure) of each top-level command but ``bench``.
+_COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
+    ("demo", "the matching engine on W-IoT, checked against the reference", demo.configure),
+)
+
+# (name, one-line help, configure) of each ``silbo bench`` benchmark.
+_BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
+    ("match", "index build and matching throughput of one matcher", match.configure),
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("silbo")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``silbo`` argument parser, with every command and its options."""
+    parser = argparse.ArgumentParser(
+        prog="silbo",
+        description="Silbo: an elastic content-based publish/subscribe broker (NGSI v2).",
+    )
+    parser.add_argument("--version", action="version", version=f"silbo {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help_text, configure in _COMMANDS:
+        configure(commands.add_parser(name, help=help_text, description=help_text))
+    bench = commands.add_parser(
+        "bench", help="benchmarks (see docs/benchmarks.md)", description="Run a benchmark."
+    )
+    benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, help_text, configure in _BENCHMARKS:
+        configure(benchmarks.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line, run the command and return its exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(arguments)
+    args.command_line = shlex.join(["silbo", *arguments])
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

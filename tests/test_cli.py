@@ -1,0 +1,112 @@
+"""The ``silbo`` command line: the benchmark's JSON, the demo, and argument errors.
+
+The commands run as subprocesses (``python -m broker.cli``), as a user runs them, on small
+workloads; argument errors are also checked in-process through ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from broker.cli import main
+
+_TIMEOUT = 120
+
+
+def _silbo(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=_TIMEOUT,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def iot_report() -> dict[str, Any]:
+    done = _silbo(
+        "bench", "match", "--workload", "iot", "--subscriptions", "500",
+        "--updates", "200", "--runs", "1", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def test_bench_match_json_has_the_figures(iot_report: dict[str, Any]) -> None:
+    for key in ("events_per_s", "ms_per_event", "build_s", "bytes_per_subscription"):
+        assert isinstance(iot_report[key], int | float), key
+        assert iot_report[key] > 0, key
+    assert iot_report["workload"] == "iot"
+    assert iot_report["engine"] == "indexed"
+    assert (iot_report["subscriptions"], iot_report["updates"], iot_report["runs"]) == (500, 200, 1)
+    assert iot_report["ms_per_event"] == pytest.approx(1000 / iot_report["events_per_s"])
+    assert 0 < iot_report["matches_per_event"] < 10  # ~0.4% of 500 subscriptions
+    assert iot_report["memory_method"] == "tracemalloc"
+    assert iot_report["command"].startswith("silbo bench match --workload iot")
+
+
+def test_bench_match_json_names_the_machine(iot_report: dict[str, Any]) -> None:
+    machine = iot_report["machine"]
+    assert machine["cores"] >= 1
+    assert machine["python"].count(".") == 2
+    assert machine["cpu_model"]
+
+
+def test_bench_match_prints_a_table_and_progress() -> None:
+    done = _silbo(
+        "bench", "match", "--workload", "dense", "-n", "200", "-m", "50", "-r", "2",
+        "--engine", "reference", "--memory", "rss",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "events/s (median)" in done.stdout
+    assert "(rss)" in done.stdout
+    assert "[bench match] generating" in done.stderr
+
+
+def test_version() -> None:
+    done = _silbo("--version")
+    assert done.returncode == 0
+    assert done.stdout.startswith("silbo ")
+
+
+def test_demo_runs_small_and_agrees() -> None:
+    done = _silbo("demo", "--subscriptions", "400", "--updates", "300", "--verify", "50")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verified: 50 updates" in done.stdout
+    assert "0 mismatches" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "required: COMMAND"),
+        (["bench"], "required: BENCHMARK"),
+        (["bench", "match", "--subscriptions", "10"], "required: --workload"),
+        (["bench", "match", "--workload", "nope", "-n", "10"], "invalid choice: 'nope'"),
+        (["bench", "match", "--workload", "iot", "-n", "0"], "must be at least 1"),
+        (["bench", "match", "--workload", "iot", "-n", "ten"], "expected a whole number"),
+        (["bench", "match", "--workload", "iot", "-n", "5", "--engine", "x"], "invalid choice"),
+        (["bench", "match", "--workload", "iot", "-n", "5", "--seed", "-1"], "at least 0"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(arguments)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_arguments_fail_the_process_too() -> None:
+    done = _silbo("bench", "match", "--workload", "nope", "--subscriptions", "10")
+    assert done.returncode == 2
+    assert "usage: silbo bench match" in done.stderr
