@@ -84,10 +84,12 @@ class MatchReport:
     seed: int
     events_per_s: float
     ms_per_event: float
+    events_per_s_ids: float
     matches_per_event: float
     build_s: float
     subscriptions_per_s: float
     bytes_per_subscription: float | None
+    subscription_object_bytes: float | None
     memory_method: str
     generation_s: float
     run_events_per_s: list[float] = field(default_factory=list)
@@ -166,9 +168,17 @@ def measure_matching(
     updates: Sequence[ContextUpdate],
     batch: int,
     now: float,
+    ids: bool = True,
 ) -> tuple[float, int]:
-    """Match every update once, ``batch`` at a time; return (seconds, total matches)."""
+    """Match every update once, ``batch`` at a time; return (seconds, total matches).
+
+    With ``ids`` the results are sets of subscription ids (``match_batch``); without, the
+    engine's compact results, arrays of subscription slots (``match_batch_slots``), where
+    the matcher has them.
+    """
     match_batch = matcher.match_batch
+    if not ids:
+        match_batch = getattr(matcher, "match_batch_slots", match_batch)
     matches = 0
     started = time.perf_counter()
     for start in range(0, len(updates), batch):
@@ -242,12 +252,26 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
 
     now = time.time()
     timings: list[float] = []
+    id_timings: list[float] = []
     matches = 0
     for run_number in range(args.runs):
-        seconds, matches = measure_matching(built.matcher, updates, args.batch, now)
+        seconds, matches = measure_matching(built.matcher, updates, args.batch, now, ids=False)
         timings.append(seconds)
-        say(f"run {run_number + 1}/{args.runs}: {updates_count / seconds:,.0f} events/s")
+        id_seconds, id_matches = measure_matching(built.matcher, updates, args.batch, now)
+        id_timings.append(id_seconds)
+        if id_matches != matches:
+            raise RuntimeError(f"slot results ({matches}) and id results ({id_matches}) differ")
+        say(
+            f"run {run_number + 1}/{args.runs}: {updates_count / seconds:,.0f} events/s "
+            f"({updates_count / id_seconds:,.0f} with id sets)"
+        )
     median = statistics.median(timings)
+    id_median = statistics.median(id_timings)
+    object_bytes = None
+    if args.memory == "tracemalloc":
+        object_bytes = _subscription_object_bytes(
+            workload, min(args.subscriptions, 20_000), args.seed
+        )
     count = max(updates_count, 1)
     return MatchReport(
         workload=workload.name,
@@ -259,6 +283,7 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
         seed=args.seed,
         events_per_s=updates_count / median if median > 0 else 0.0,
         ms_per_event=1000.0 * median / count,
+        events_per_s_ids=updates_count / id_median if id_median > 0 else 0.0,
         matches_per_event=matches / count,
         build_s=built.seconds,
         subscriptions_per_s=args.subscriptions / built.seconds if built.seconds > 0 else 0.0,
@@ -267,6 +292,7 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
             if built.memory_bytes is not None and args.subscriptions
             else None
         ),
+        subscription_object_bytes=object_bytes,
         memory_method=args.memory,
         generation_s=generation_s,
         run_events_per_s=[updates_count / t if t > 0 else 0.0 for t in timings],
@@ -275,12 +301,34 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
     )
 
 
+def _subscription_object_bytes(workload: Any, sample: int, seed: int) -> float:
+    """Python heap held per subscription object itself (with its parsed filter), measured
+    with tracemalloc on a freshly generated sample, the parser's cache emptied first so that
+    shared filters are counted as a matcher process receiving them would hold them."""
+    from broker.query.parser import parse_filter
+
+    cache_clear = getattr(parse_filter, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    held = workload.subscriptions(sample, seed + 7)
+    size = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del held
+    return size / max(sample, 1)
+
+
 def _table(report: MatchReport) -> str:
     per_sub = (
         "n/a"
         if report.bytes_per_subscription is None
-        else f"{report.bytes_per_subscription:,.0f} ({report.memory_method})"
+        else f"{report.bytes_per_subscription:,.0f} index ({report.memory_method})"
     )
+    if report.subscription_object_bytes is not None and report.bytes_per_subscription is not None:
+        total = report.bytes_per_subscription + report.subscription_object_bytes
+        per_sub += f" + {report.subscription_object_bytes:,.0f} object = {total:,.0f}"
     machine = report.machine
     rows = [
         ("workload", f"{report.workload} ({report.engine} engine, seed {report.seed})"),
@@ -288,8 +336,9 @@ def _table(report: MatchReport) -> str:
         ("updates x runs", f"{report.updates:,} x {report.runs} (batches of {report.batch})"),
         ("build", f"{report.build_s:.3f} s ({report.subscriptions_per_s:,.0f} subscriptions/s)"),
         ("bytes/subscription", per_sub),
-        ("events/s (median)", f"{report.events_per_s:,.0f}"),
+        ("events/s (median)", f"{report.events_per_s:,.0f} (slot arrays)"),
         ("ms/event (median)", f"{report.ms_per_event:.4f}"),
+        ("events/s, id sets", f"{report.events_per_s_ids:,.0f}"),
         ("matches/event", f"{report.matches_per_event:.2f}"),
         ("machine", f"{machine['cores']} cores, {machine['cpu_model']}, "
                     f"Python {machine['python']}"),

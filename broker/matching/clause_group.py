@@ -35,7 +35,7 @@ from broker.model.update import ContextUpdate
 from broker.query.ast import Filter
 from broker.query.regex import compile_pattern, is_match_all
 
-__all__ = ["Clause", "ClauseGroup", "Matches"]
+__all__ = ["Clause", "ClauseGroup", "CompiledGroup", "Matches"]
 
 _MIN_PENDING = 16
 _MEMO_LIMIT = 8192
@@ -52,10 +52,23 @@ class Clause:
 
 @dataclass(slots=True)
 class Matches:
-    """Where a group puts the slots of its matching clauses: whole arrays, or one by one."""
+    """Where groups put the slots of one update's matching clauses: whole arrays, one by one,
+    or (when matching a batch) large bitsets left in ``deferred`` to decode with the batch."""
 
     arrays: list[npt.NDArray[np.int64]] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
+    deferred: list[tuple[CompiledGroup, int, int]] | None = None  # (group, update index, bits)
+    index: int = 0
+
+    def add_bits(self, compiled: CompiledGroup, bits: int) -> None:
+        """Add the clauses of ``bits`` (positions in ``compiled``)."""
+        if self.deferred is not None and bits.bit_length() > _DEFER_BITS:
+            self.deferred.append((compiled, self.index, bits))
+        else:
+            self.arrays.append(compiled.slots[position_array(bits)])
+
+
+_DEFER_BITS = 256
 
 
 class _PatternIndex:
@@ -84,7 +97,7 @@ class _PatternIndex:
         return bits
 
 
-class _Compiled:
+class CompiledGroup:
     """The indexes of a group over clause positions 0..size-1."""
 
     __slots__ = (
@@ -196,7 +209,7 @@ class _Compiled:
         sure &= self.exact
         slots = self.slots
         if sure:
-            out.arrays.append(slots[position_array(sure)])
+            out.add_bits(self, sure)
         uncertain = candidates & ~sure
         if not uncertain:
             return
@@ -246,7 +259,7 @@ class ClauseGroup:
         self._positions: dict[str, list[int]] = {}  # subscription id -> clause positions
         self._alive = 0  # live positions among the compiled ones
         self._dead = 0
-        self._compiled: _Compiled | None = None
+        self._compiled: CompiledGroup | None = None
         self._pending: list[int] = []
 
     def __len__(self) -> int:
@@ -278,7 +291,7 @@ class ClauseGroup:
         self._alive = (1 << len(clauses)) - 1
         self._dead = 0
         self._pending = []
-        self._compiled = _Compiled(clauses) if clauses else None
+        self._compiled = CompiledGroup(clauses) if clauses else None
 
     def needs_compiling(self) -> bool:
         """True when pending or dead clauses have grown past their share."""

@@ -28,8 +28,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from broker.errors import NotFound
-from broker.matching.clause_group import Clause, ClauseGroup, Matches
+from broker.errors import InvalidSubscription, NotFound
+from broker.matching.bitset import decode_many
+from broker.matching.clause_group import Clause, ClauseGroup, CompiledGroup, Matches
 from broker.model.identifiers import scopes_covering
 from broker.model.subscription import Status, Subscription
 from broker.model.update import ContextUpdate
@@ -116,6 +117,8 @@ class Engine:
 
     def add(self, subscription: Subscription) -> None:
         """Add a subscription, replacing any with the same id."""
+        if not isinstance(subscription, Subscription):
+            raise InvalidSubscription(f"{subscription!r} is not a Subscription")
         if subscription.id in self._subscriptions:
             self.remove(subscription.id)
         self._subscriptions[subscription.id] = subscription
@@ -185,26 +188,48 @@ class Engine:
 
     def match_slots(self, update: ContextUpdate, now: float | None = None) -> npt.NDArray[np.int64]:
         """The slots of every subscription that matches ``update`` (no duplicates)."""
-        return self._match(update, time.time() if now is None else now)
+        out = Matches()
+        self._collect(update, time.time() if now is None else now, out)
+        return self._result(out)
 
     def match_batch_slots(
         self, updates: Sequence[ContextUpdate], now: float | None = None
     ) -> list[npt.NDArray[np.int64]]:
-        """``match_slots`` for each update, in order."""
+        """``match_slots`` for each update, in order.
+
+        Large bitsets are decoded once per group for the whole batch, which is what makes
+        matching in batches faster than one by one.
+        """
         now = time.time() if now is None else now
-        match = self._match
-        return [match(update, now) for update in updates]
+        deferred: list[tuple[CompiledGroup, int, int]] = []
+        outs = [Matches(deferred=deferred, index=i) for i in range(len(updates))]
+        collect = self._collect
+        for update, out in zip(updates, outs, strict=True):
+            collect(update, now, out)
+        by_group: dict[int, tuple[CompiledGroup, list[int], list[int]]] = {}
+        for compiled, index, bits in deferred:
+            entry = by_group.get(id(compiled))
+            if entry is None:
+                entry = by_group[id(compiled)] = (compiled, [], [])
+            entry[1].append(index)
+            entry[2].append(bits)
+        for compiled, indexes, sets in by_group.values():
+            positions, bounds = decode_many(sets, compiled.size)
+            slots = compiled.slots[positions]
+            for i, index in enumerate(indexes):
+                outs[index].arrays.append(slots[bounds[i] : bounds[i + 1]])
+        result = self._result
+        return [result(out) for out in outs]
 
     def ids(self, slots: npt.NDArray[np.int64]) -> list[str]:
         """The subscription ids of slots returned by the last matches."""
         ids = self._ids
         return [ids[slot] for slot in slots.tolist()]
 
-    def _match(self, update: ContextUpdate, now: float) -> npt.NDArray[np.int64]:
+    def _collect(self, update: ContextUpdate, now: float, out: Matches) -> None:
         tenant = self._tenants.get(update.tenant)
         if tenant is None:
-            return _NO_SLOTS
-        out = Matches()
+            return
         entity_id, entity_type = update.entity_id, update.entity_type
         for table in tenant.tables_for(update.service_path):
             for key in (
@@ -216,6 +241,8 @@ class Engine:
                 group = table.get(key)
                 if group is not None:
                     group.match(update, now, out)
+
+    def _result(self, out: Matches) -> npt.NDArray[np.int64]:
         arrays = out.arrays
         if out.slots:
             arrays.append(np.array(out.slots, dtype=np.int64))

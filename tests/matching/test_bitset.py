@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.matching.bitset import from_mask, from_positions, positions
+from broker.matching.bitset import decode_many, from_mask, from_positions, positions
 
 
 @given(st.sets(st.integers(min_value=0, max_value=5000)))
@@ -27,3 +27,12 @@ def test_empty() -> None:
     assert positions(0) == []
     assert from_mask(np.zeros(10, dtype=np.bool_)) == 0
     assert from_positions([], 10) == 0
+
+
+@given(st.lists(st.sets(st.integers(min_value=0, max_value=700)), max_size=12))
+def test_decode_many_equals_one_by_one(chosen: list[set[int]]) -> None:
+    sets = [from_positions(sorted(c), 701) for c in chosen]
+    found, bounds = decode_many(sets, 701)
+    assert len(bounds) == len(sets) + 1
+    for i, bits in enumerate(sets):
+        assert sorted(found[bounds[i] : bounds[i + 1]].tolist()) == positions(bits)

@@ -1,0 +1,149 @@
+"""Hand cases for the indexed engine: its API, incremental changes and compilation."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.errors import InvalidSubscription, NotFound, QuerySyntaxError
+from broker.matching.engine import Engine
+from broker.matching.reference import ReferenceMatcher
+from broker.model.subscription import EntitySelector, Status, Subscription
+from broker.model.update import ContextUpdate
+
+NOW = 1_700_000_000.0
+ROOM = (EntitySelector(id_pattern="^Room", type="Room"),)
+
+
+def sub(sid: str, q: str = "", **kwargs: object) -> Subscription:
+    fields: dict[str, object] = {"entities": ROOM} | kwargs
+    return Subscription(sid, q=q, **fields)  # type: ignore[arg-type]
+
+
+def room(temp: object, **kwargs: object) -> ContextUpdate:
+    fields: dict[str, object] = {"entity_type": "Room"} | kwargs
+    return ContextUpdate.of("Room1", {"temp": temp}, **fields)  # type: ignore[arg-type]
+
+
+def test_add_match_remove() -> None:
+    engine = Engine([sub("hot", "temp>25"), sub("cold", "temp<5"), sub("any")])
+    assert engine.match(room(30), NOW) == {"hot", "any"}
+    assert engine.match(room(0), NOW) == {"cold", "any"}
+    assert engine.remove("hot").id == "hot"
+    assert engine.match(room(30), NOW) == {"any"}
+    assert len(engine) == 2 and "hot" not in engine
+
+
+def test_remove_unknown_is_not_found_and_changes_nothing() -> None:
+    engine = Engine([sub("a", "temp>1")])
+    with pytest.raises(NotFound, match="no subscription 'b'"):
+        engine.remove("b")
+    assert engine.match(room(2), NOW) == {"a"}
+    with pytest.raises(NotFound):
+        engine.get("b")
+
+
+def test_add_replaces_same_id() -> None:
+    engine = Engine([sub("a", "temp>10")])
+    engine.add(sub("a", "temp<10"))
+    assert len(engine) == 1
+    assert engine.match(room(20), NOW) == set()
+    assert engine.match(room(5), NOW) == {"a"}
+    assert engine.get("a").q == "temp<10"
+
+
+def test_add_rejects_what_is_not_a_subscription() -> None:
+    engine = Engine([sub("a")])
+    with pytest.raises(InvalidSubscription, match="not a Subscription"):
+        engine.add("a")  # type: ignore[arg-type]
+    assert engine.match(room(1), NOW) == {"a"}
+
+
+def test_bad_subscription_never_reaches_the_engine() -> None:
+    engine = Engine([sub("a", "temp>1")])
+    with pytest.raises(QuerySyntaxError):
+        engine.add(sub("b", "temp>>1"))
+    assert engine.subscriptions() == [sub("a", "temp>1")]
+    assert engine.match(room(2), NOW) == {"a"}
+
+
+def test_inactive_is_held_but_never_matches() -> None:
+    engine = Engine([sub("a", status=Status.INACTIVE), sub("b")])
+    assert "a" in engine and len(engine) == 2
+    assert engine.match(room(1), NOW) == {"b"}
+    engine.add(sub("a"))  # reactivated
+    assert engine.match(room(1), NOW) == {"a", "b"}
+    engine.remove("a")
+    assert engine.match(room(1), NOW) == {"b"}
+
+
+def test_expiry_is_checked_against_now() -> None:
+    engine = Engine([sub("a", expires=NOW + 10)])
+    assert engine.match(room(1), NOW) == {"a"}
+    assert engine.match(room(1), NOW + 10) == set()
+
+
+def test_several_selectors_match_once() -> None:
+    both = Subscription(
+        "both",
+        (
+            EntitySelector(id="Room1"),
+            EntitySelector(id_pattern="Room"),
+            EntitySelector(id_pattern=".*"),
+        ),
+    )
+    engine = Engine([both])
+    slots = engine.match_slots(room(1), NOW)
+    assert len(slots) == 1
+    assert engine.ids(slots) == ["both"]
+    assert engine.match(room(1), NOW) == {"both"}
+
+
+def test_slots_are_reused_and_results_stay_right() -> None:
+    engine = Engine([sub(f"s{i}", f"temp>{i}") for i in range(10)])
+    for i in range(0, 10, 2):
+        engine.remove(f"s{i}")
+    for i in range(10, 15):
+        engine.add(sub(f"s{i}", f"temp>{i}"))
+    expected = {f"s{i}" for i in (*range(1, 10, 2), *range(10, 15)) if i < 12}
+    assert engine.match(room(12), NOW) == expected
+
+
+def test_pending_clauses_match_before_and_after_compilation() -> None:
+    engine = Engine()
+    reference = ReferenceMatcher()
+    updates = [room(t) for t in (-5, 0, 3.5, 10, 99, "warm", None, [1, 50])]
+    for i in range(400):
+        s = sub(f"s{i}", f"temp>{i % 37};temp<={i % 53 + 10}")
+        engine.add(s)
+        reference.add(s)
+        if i % 7 == 0:
+            engine.remove(f"s{i // 2}")
+            reference.remove(f"s{i // 2}") if f"s{i // 2}" in reference else None
+        if i % 50 == 0:
+            for update in updates:
+                assert engine.match(update, NOW) == reference.match(update, NOW)
+    engine.compact()
+    assert engine.match_batch(updates, NOW) == reference.match_batch(updates, NOW)
+
+
+def test_other_tenants_and_paths_are_not_looked_at() -> None:
+    engine = Engine(
+        [
+            sub("madrid", tenant="madrid"),
+            sub("default"),
+            sub("a", service_path="/a/#"),
+            sub("a_exact", service_path="/a"),
+        ]
+    )
+    assert engine.match(room(1, tenant="madrid", service_path="/a"), NOW) == {"madrid"}
+    assert engine.match(room(1, service_path="/a/b"), NOW) == {"default", "a"}
+    assert engine.match(room(1, service_path="/a"), NOW) == {"default", "a", "a_exact"}
+    assert engine.match(room(1, service_path="/a2"), NOW) == {"default"}
+    assert engine.match(room(1, tenant="other"), NOW) == set()
+
+
+def test_iterating_and_listing() -> None:
+    subs = [sub("a"), sub("b", status=Status.INACTIVE)]
+    engine = Engine(subs)
+    assert sorted(s.id for s in engine) == ["a", "b"]
+    assert sorted(s.id for s in engine.subscriptions()) == ["a", "b"]
