@@ -19,6 +19,7 @@ eighth of the group, or dead ones a quarter, or on ``Engine.compact``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ import numpy.typing as npt
 
 from broker.matching.attribute_index import AttributeIndex
 from broker.matching.bitset import from_positions, position_array, positions
-from broker.matching.constraint import AttributeConstraint, FilterPlan, Interval, plan
+from broker.matching.constraint import AttributeConstraint, FilterPlan, plan
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
@@ -102,11 +103,11 @@ class CompiledGroup:
 
     __slots__ = (
         "attributes",
+        "cells",
         "condition_free",
         "conditions",
         "exact",
         "id_patterns",
-        "intervals",
         "size",
         "slots",
         "subscriptions",
@@ -161,24 +162,11 @@ class CompiledGroup:
         # most constrained attributes first: they prune the most, and an empty set stops early
         indexes.sort(key=lambda item: -item[0])
         self.attributes = [index for _, index in indexes]
-        # intervals of the exact clauses that quantile cells can leave undecided
-        self.intervals: dict[int, tuple[tuple[str, Interval], ...]] = {}
+        # the intervals of every clause on the attributes whose quantile cells can leave a
+        # clause undecided, one row per clause, to settle those clauses all at once
+        self.cells: _CellIntervals | None = None
         if celled:
-            for name in celled:
-                for position, constraint in by_attribute[name]:
-                    if constraint.interval is not None and position not in self.intervals:
-                        self.intervals[position] = ()
-            residual_set = set(residual)
-            for position in list(self.intervals):
-                if position in residual_set:
-                    del self.intervals[position]
-                    continue
-                filter_plan = _plan_of(clauses[position].subscription.filter, plans)
-                self.intervals[position] = tuple(
-                    (name, c.interval)
-                    for name, c in filter_plan.constraints.items()
-                    if c.interval is not None
-                )
+            self.cells = _CellIntervals(sorted(celled), by_attribute, size)
 
     def match(self, update: ContextUpdate, candidates: int, now: float, out: Matches) -> None:
         """Add the slots of the matching clauses among ``candidates`` to ``out``."""
@@ -214,14 +202,15 @@ class CompiledGroup:
         if not uncertain:
             return
         found = out.slots
-        if not compound and self.intervals:
+        cells = self.cells
+        if cells is not None and not compound:
             # exact clauses are undecided only where a cell cut through an interval
             undecided = uncertain & self.exact
-            uncertain ^= undecided
-            intervals = self.intervals
-            for p in positions(undecided):
-                if _within(intervals[p], attributes):
-                    found.append(int(slots[p]))
+            if undecided:
+                settled = cells.settle(position_array(undecided), attributes)
+                if settled is not None:
+                    uncertain ^= undecided
+                    out.arrays.append(slots[settled])
         if uncertain:
             subscriptions = self.subscriptions
             for p in positions(uncertain):
@@ -232,12 +221,53 @@ class CompiledGroup:
 _COMPOUND = (list, dict)
 
 
-def _within(intervals: tuple[tuple[str, Interval], ...], attributes: Any) -> bool:
-    for name, (low, low_open, high, high_open) in intervals:
-        x = attributes[name].match_value
-        if x < low or x > high or (low_open and x == low) or (high_open and x == high):
-            return False
-    return True
+class _CellIntervals:
+    """Each clause's interval on the attributes cut into quantile cells, as matrices."""
+
+    __slots__ = ("_high", "_high_open", "_low", "_low_open", "_names")
+
+    def __init__(
+        self,
+        names: list[str],
+        by_attribute: dict[str, list[tuple[int, AttributeConstraint]]],
+        size: int,
+    ) -> None:
+        self._names = names
+        shape = (size, len(names))
+        self._low = np.full(shape, -math.inf)
+        self._high = np.full(shape, math.inf)
+        self._low_open = np.zeros(shape, dtype=np.bool_)
+        self._high_open = np.zeros(shape, dtype=np.bool_)
+        for column, name in enumerate(names):
+            rows = [(p, c.interval) for p, c in by_attribute[name] if c.interval is not None]
+            where = np.array([p for p, _ in rows], dtype=np.int64)
+            self._low[where, column] = [i.low for _, i in rows]
+            self._high[where, column] = [i.high for _, i in rows]
+            self._low_open[where, column] = [i.low_open for _, i in rows]
+            self._high_open[where, column] = [i.high_open for _, i in rows]
+
+    def settle(
+        self, clauses: npt.NDArray[np.int64], attributes: Any
+    ) -> npt.NDArray[np.int64] | None:
+        """The positions among ``clauses`` whose intervals all hold, or None when a value
+        cannot be compared as a float (a huge integer): then the caller checks exactly."""
+        values = []
+        for name in self._names:
+            attribute = attributes.get(name)
+            x = attribute.match_value if attribute is not None else None
+            if type(x) is int and abs(x) > _EXACT_INT:
+                return None
+            # absent or not a number: constrained clauses are not candidates, others pass
+            values.append(x if type(x) is float or type(x) is int else 0.0)
+        x_row = np.array(values, dtype=np.float64)
+        low, high = self._low[clauses], self._high[clauses]
+        above = (low < x_row) | ((low == x_row) & ~self._low_open[clauses])
+        below = (high > x_row) | ((high == x_row) & ~self._high_open[clauses])
+        result: npt.NDArray[np.int64] = clauses[(above & below).all(axis=1)]
+        return result
+
+
+_EXACT_INT = 1 << 53
 
 
 def _plan_of(filter_: Filter, plans: dict[int, FilterPlan]) -> FilterPlan:
