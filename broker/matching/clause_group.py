@@ -20,26 +20,24 @@ eighth of the group, or dead ones a quarter, or on ``Engine.compact``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from broker.matching.attribute_index import AttributeIndex
+from broker.matching.attribute_index import AttributeIndex, StringIndex
 from broker.matching.bitset import from_positions, position_array, positions
-from broker.matching.constraint import AttributeConstraint, FilterPlan, plan
+from broker.matching.constraint import AttributeConstraint, FilterPlan, StringTest, plan
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
-from broker.query.ast import Filter
-from broker.query.regex import compile_pattern, is_match_all
+from broker.query.ast import Filter, Op
+from broker.query.regex import is_match_all
 
 __all__ = ["Clause", "ClauseGroup", "CompiledGroup", "Matches"]
 
 _MIN_PENDING = 16
-_MEMO_LIMIT = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,29 +71,22 @@ _DEFER_BITS = 256
 
 
 class _PatternIndex:
-    """Regex selectors on the entity id or type; the answer per value is remembered."""
+    """Regex selectors on the entity id or type: the clauses a value lets through."""
 
-    __slots__ = ("_free", "_memo", "_patterns")
+    __slots__ = ("_free", "_patterns")
 
     def __init__(self, patterns: dict[str, list[int]], size: int) -> None:
-        self._patterns: list[tuple[Callable[[str], Any], int]] = [
-            (compile_pattern(p), from_positions(where, size)) for p, where in patterns.items()
+        entries = [
+            (position, StringTest(Op.MATCH, (pattern,)))
+            for pattern, where in patterns.items()
+            for position in where
         ]
-        constrained = [p for where in patterns.values() for p in where]
+        self._patterns = StringIndex(entries, size)  # remembers the answer per value
+        constrained = [position for position, _ in entries]
         self._free = ((1 << size) - 1) & ~from_positions(constrained, size)
-        self._memo: dict[str, int] = {}
 
     def lookup(self, value: str) -> int:
-        bits = self._memo.get(value)
-        if bits is None:
-            bits = self._free
-            for search, pattern_bits in self._patterns:
-                if search(value) is not None:
-                    bits |= pattern_bits
-            if len(self._memo) >= _MEMO_LIMIT:
-                self._memo.clear()
-            self._memo[value] = bits
-        return bits
+        return self._free | self._patterns.lookup(value)
 
 
 class CompiledGroup:
