@@ -58,6 +58,7 @@ _OPERATORS: tuple[tuple[str, Op], ...] = (
 )
 # How each operator is written back; EQ as '==' (its ':' spelling comes last above).
 _SIGN: dict[Op, str] = {op: sign for sign, op in reversed(_OPERATORS)}
+_SIGNS: dict[str, Op] = dict(_OPERATORS)
 _COMPARISONS = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE})
 _ORDERINGS = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
 _STRING_OPS = frozenset({Op.PREFIX, Op.SUFFIX, Op.CONTAINS})
@@ -69,6 +70,8 @@ _NOT_IN_NAME = frozenset(".'\"<>=;():")
 # Orion's forbidden characters; an unquoted value may not hold them (quote the value).
 _NOT_IN_VALUE = frozenset('<>"=;()')
 # A decimal number as strtod reads it, minus hex, inf and nan (and Python's '1_0').
+# a plain attribute name, a comparison sign, and a value that starts like one
+_SIMPLE_HEAD = re.compile(r"([A-Za-z0-9_]+)(==|!=|<=|>=|<|>|:)(?=[^=<>!~:^$*\s])")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -213,6 +216,22 @@ class _Parser:
 
     def statement(self, start: int, end: int) -> Statement:
         """Parse the statement in ``text[start:end]`` (stripped, non-empty)."""
+        simple = self.simple(start, end)
+        return simple if simple is not None else self.general(start, end)
+
+    def simple(self, start: int, end: int) -> Statement | None:
+        """The common ``name<op>value`` statement, read without the general machinery, or
+        None when the statement is anything else. Gives exactly what :meth:`general` gives."""
+        head = _SIMPLE_HEAD.match(self.text, start, end)
+        if head is None:
+            return None
+        sign = head.group(2)
+        rhs_start, rhs_end = _strip(self.text, head.end(), end)
+        statement = self.comparison((head.group(1),), _SIGNS[sign], sign, rhs_start, rhs_end, start)
+        return self.checked(statement)
+
+    def general(self, start: int, end: int) -> Statement:
+        """Parse any statement in ``text[start:end]`` (stripped, non-empty)."""
         text = self.text
         if text[start] == "!":
             name, _ = _strip(text, start + 1, end)

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import string
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import InvalidRegex, QuerySyntaxError
+from broker.errors import InvalidInput, InvalidRegex, QuerySyntaxError
 from broker.model.attribute import parse_iso8601
 from broker.query.ast import Filter, Kind, Literal, Op, Range, Statement
 from broker.query.parser import (
     MAX_EXPRESSION_LENGTH,
     MAX_LIST_ITEMS,
     MAX_STATEMENTS,
+    _Parser,
     parse_filter,
     parse_literal,
     parse_statements,
@@ -551,3 +553,39 @@ def test_render_then_parse_gives_the_same_filter(f: Filter) -> None:
 def test_rendering_is_stable(f: Filter) -> None:
     q, mq = render_filter(f)
     assert render_filter(parse_filter(q, mq)) == (q, mq)
+
+
+# -- the fast path for plain statements gives what the general parser gives -------------------
+
+_PLAIN_VALUES = st.sampled_from(
+    ["20", "-1.5", "1e3", "2020-01-01", "2020-01-01T00:00:00Z", "true", "null", "abc", "a b",
+     "'x,y'", "1..5", "a..b", "1,2,3", "x,y", "'q'", "1..", "..2", "=5", ">3", "1.2.3", ""]
+)  # fmt: skip
+
+
+@settings(max_examples=500)
+@given(
+    name=st.sampled_from(["temp", "a_1", "NO2", "9", "x.y", "'a.b'"]),
+    sign=st.sampled_from(["==", "!=", "<", "<=", ">", ">=", ":", "=^", "~=", "==="]),
+    value=_PLAIN_VALUES,
+)
+def test_simple_statements_parse_as_the_general_parser_does(
+    name: str, sign: str, value: str
+) -> None:
+    text = f"{name}{sign}{value}"
+    parser = _Parser(text, False)
+
+    def outcome(read: Callable[[int, int], Statement | None]) -> object:
+        try:
+            return read(0, len(text))
+        except InvalidInput as exc:
+            return (type(exc), str(exc))
+
+    simple = outcome(parser.simple)
+    assert simple is None or simple == outcome(parser.general)
+    if (
+        name.isidentifier()
+        and sign in ("==", "!=", "<", "<=", ">", ">=", ":")
+        and value[:1] not in "=>"
+    ):
+        assert simple is not None  # the fast path does take the plain statements
