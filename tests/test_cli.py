@@ -32,7 +32,7 @@ def _silbo(*arguments: str) -> subprocess.CompletedProcess[str]:
 def iot_report() -> dict[str, Any]:
     done = _silbo(
         "bench", "match", "--workload", "iot", "--subscriptions", "500",
-        "--updates", "200", "--runs", "1", "--json",
+        "--updates", "200", "--runs", "1", "--baseline", "50", "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
@@ -50,6 +50,17 @@ def test_bench_match_json_has_the_figures(iot_report: dict[str, Any]) -> None:
     assert 0 < iot_report["matches_per_event"] < 10  # ~0.4% of 500 subscriptions
     assert iot_report["memory_method"] == "tracemalloc"
     assert iot_report["command"].startswith("silbo bench match --workload iot")
+
+
+def test_bench_match_compares_with_the_reference_in_the_same_run(
+    iot_report: dict[str, Any],
+) -> None:
+    assert iot_report["baseline_updates"] == 50
+    assert iot_report["baseline_mismatches"] == 0
+    assert iot_report["speedup"] > 1
+    assert iot_report["baseline_events_per_s"] > 0
+    assert iot_report["events_per_s_ids"] > 0
+    assert iot_report["subscription_object_bytes"] > 0
 
 
 def test_bench_match_json_names_the_machine(iot_report: dict[str, Any]) -> None:
