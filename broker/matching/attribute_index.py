@@ -40,9 +40,10 @@ _MEMO_LIMIT = 8192
 class NumericIndex:
     """Intervals over the real line, queried with one number."""
 
-    __slots__ = ("_bounds", "_possible", "_sure", "exact")
+    __slots__ = ("_bounds", "_regions", "exact")
 
-    def __init__(self, entries: Sequence[tuple[int, Interval]], size: int) -> None:
+    def __init__(self, entries: Sequence[tuple[int, Interval]], size: int, base: int = 0) -> None:
+        """Index the intervals (position, interval); every answer also holds ``base``."""
         positions = np.array([p for p, _ in entries], dtype=np.int64)
         low = np.array([i.low for _, i in entries], dtype=np.float64)
         high = np.array([i.high for _, i in entries], dtype=np.float64)
@@ -55,14 +56,14 @@ class NumericIndex:
             quantiles = np.quantile(ends, np.linspace(0.0, 1.0, CELLS + 1)[1:-1])
             ends = np.unique(quantiles)
         self._bounds: list[float] = ends.tolist()
-        self._possible: list[int] = []
-        self._sure: list[int] = []
+        self._regions: list[tuple[int, int]] = []  # (possible, sure) per region
 
         def add(possible: np.ndarray, sure: np.ndarray) -> None:
-            self._possible.append(_scatter(positions, possible, size))
-            self._sure.append(
-                self._possible[-1] if sure is possible else _scatter(positions, sure, size)
+            possible_bits = base | _scatter(positions, possible, size)
+            sure_bits = (
+                possible_bits if sure is possible else base | _scatter(positions, sure, size)
             )
+            self._regions.append((possible_bits, sure_bits))
 
         bounds = [-math.inf, *self._bounds, math.inf]
         if self.exact:
@@ -88,9 +89,8 @@ class NumericIndex:
         if self.exact:
             k = bisect.bisect_left(bounds, x)
             region = 2 * k + 1 if k < len(bounds) and bounds[k] == x else 2 * k
-            return self._possible[region], self._sure[region]
-        k = bisect.bisect_right(bounds, x)
-        return self._possible[k], self._sure[k]
+            return self._regions[region]
+        return self._regions[bisect.bisect_right(bounds, x)]
 
 
 def _covers_point(
@@ -111,9 +111,11 @@ def _scatter(positions: np.ndarray, chosen: np.ndarray, size: int) -> int:
 class StringIndex:
     """String tests (equality, prefix, suffix, contains, regex), queried with one string."""
 
-    __slots__ = ("_contains", "_equal", "_memo", "_prefix", "_regex", "_suffix")
+    __slots__ = ("_base", "_contains", "_equal", "_memo", "_prefix", "_regex", "_suffix")
 
-    def __init__(self, entries: Sequence[tuple[int, StringTest]], size: int) -> None:
+    def __init__(self, entries: Sequence[tuple[int, StringTest]], size: int, base: int = 0) -> None:
+        """Index the string tests (position, test); every answer also holds ``base``."""
+        self._base = base
         equal: dict[str, list[int]] = {}
         prefix: dict[str, list[int]] = {}
         suffix: dict[str, list[int]] = {}
@@ -146,7 +148,7 @@ class StringIndex:
         bits = self._memo.get(value)
         if bits is not None:
             return bits
-        bits = self._equal.get(value, 0)
+        bits = self._base | self._equal.get(value, 0)
         size = len(value)
         for length, table in self._prefix.items():
             if length <= size:
@@ -169,7 +171,7 @@ class StringIndex:
 class AttributeIndex:
     """Everything one group's clauses ask of one attribute (see the module docstring)."""
 
-    __slots__ = ("_absent", "_numeric", "_present", "_strings", "_valued", "exact", "name")
+    __slots__ = ("_absent", "_compound", "_numeric", "_present", "_strings", "exact", "name")
 
     def __init__(
         self,
@@ -192,31 +194,32 @@ class AttributeIndex:
                 strings.append((position, constraint.string))
             else:
                 present.append(position)
-        self._absent = free | from_positions(absent, size)
-        self._present = free | from_positions(present, size)
+        # answers are (possible, sure) pairs made once, with the free clauses folded in
+        absent_bits = free | from_positions(absent, size)
+        present_bits = free | from_positions(present, size)
         valued = [p for p, _ in intervals] + [p for p, _ in strings]
-        self._valued = from_positions(valued, size)
-        self._numeric = NumericIndex(intervals, size) if intervals else None
-        self._strings = StringIndex(strings, size) if strings else None
+        self._absent = (absent_bits, absent_bits)
+        self._present = (present_bits, present_bits)
+        self._compound = (present_bits | from_positions(valued, size), present_bits)
+        self._numeric = NumericIndex(intervals, size, present_bits) if intervals else None
+        self._strings = StringIndex(strings, size, present_bits) if strings else None
         self.exact = self._numeric is None or self._numeric.exact  # possible == sure for scalars
 
     def lookup(self, attribute: Any) -> tuple[int, int]:
         """(possible, sure) for the update's attribute (None when the update lacks it)."""
         if attribute is None:
-            return self._absent, self._absent
+            return self._absent
         value = attribute.match_value
         kind = type(value)
-        present = self._present
         if kind is float or kind is int:
-            if self._numeric is None:
-                return present, present
-            possible, sure = self._numeric.lookup(value)
-            return present | possible, present | sure
+            numeric = self._numeric
+            return self._present if numeric is None else numeric.lookup(value)
         if kind is str:
-            if self._strings is None:
-                return present, present
-            bits = present | self._strings.lookup(value)
+            strings = self._strings
+            if strings is None:
+                return self._present
+            bits = strings.lookup(value)
             return bits, bits
         if kind is list or kind is dict:
-            return present | self._valued, present
-        return present, present
+            return self._compound
+        return self._present
