@@ -36,6 +36,7 @@ __all__ = [
     "SerializationError",
     "SilboError",
     "mapping_for",
+    "register_mapping",
 ]
 
 
@@ -110,6 +111,15 @@ _TABLE: dict[type[SilboError], ErrorMapping] = {
     NotFound: ErrorMapping("NOT_FOUND", 404, "NotFound"),
     AlreadyExists: ErrorMapping("ALREADY_EXISTS", 422, "Unprocessable"),
 }
+
+
+def register_mapping(error_class: type[SilboError], mapping: ErrorMapping) -> None:
+    """Add the row of an error class defined outside this module (the table stays one).
+
+    Used by layers whose errors cannot live here because they wrap a foreign library
+    (broker.coordination.errors wraps kazoo's).
+    """
+    _TABLE[error_class] = mapping
 
 
 def mapping_for(error: BaseException) -> ErrorMapping:

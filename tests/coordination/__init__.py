@@ -1,0 +1,1 @@
+"""Tests of broker.coordination, against a real ZooKeeper server."""
