@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from broker.matching.bitset import from_mask, from_positions
 from broker.matching.constraint import AttributeConstraint, Interval, Presence, StringTest
 from broker.query.ast import Op
-from broker.query.regex import compile_pattern
+from broker.query.regex import compile_pattern, search_remembered
 
 __all__ = ["AttributeIndex", "NumericIndex", "StringIndex"]
 
@@ -138,9 +138,9 @@ class StringIndex:
         for value, value_bits in bits(suffix).items():
             self._suffix.setdefault(len(value), {})[value] = value_bits
         self._contains = bits(contains)
-        self._regex: list[tuple[Callable[[str], Any], int]] = [
-            (compile_pattern(p), b) for p, b in bits(regex).items()
-        ]
+        for pattern in regex:
+            compile_pattern(pattern)  # a bad pattern fails here, not at the first update
+        self._regex: list[tuple[str, int]] = list(bits(regex).items())
         self._memo: dict[str, int] = {}
 
     def lookup(self, value: str) -> int:
@@ -159,8 +159,8 @@ class StringIndex:
         for needle, needle_bits in self._contains.items():
             if needle in value:
                 bits |= needle_bits
-        for search, regex_bits in self._regex:
-            if search(value) is not None:
+        for pattern, regex_bits in self._regex:
+            if search_remembered(pattern, value):
                 bits |= regex_bits
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()

@@ -6,15 +6,9 @@ the few groups whose shared key it satisfies; inside a group, bitsets over the c
 positions narrow the clauses down attribute by attribute (the counting algorithm, done with
 bitwise AND instead of counters).
 
-States of a group::
-
-    EMPTY --add--> STALE --compile--> COMPILED --add/remove--> COMPILED + pending
-                     ^                                              |
-                     +------------- too many pending or dead -------+
-
-Clauses added since the last compilation are *pending*: they are checked one by one with
-the reference semantics until the group is compiled again (when pending clauses exceed an
-eighth of the group, or dead ones a quarter, or on ``Engine.compact``).
+Clauses are compiled in *runs* (see :class:`ClauseGroup`), so that adding and removing
+subscriptions while matching never costs a rebuild of a large group at once, and never
+leaves more than a few dozen clauses to be checked one by one.
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ from broker.query.regex import is_match_all
 
 __all__ = ["Clause", "ClauseGroup", "CompiledGroup", "Matches"]
 
-_MIN_PENDING = 16
+_PENDING_LIMIT = 8  # clauses checked one by one before they are compiled into a run
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,66 +264,136 @@ def _plan_of(filter_: Filter, plans: dict[int, FilterPlan]) -> FilterPlan:
     return found
 
 
-class ClauseGroup:
-    """The clauses under one (tenant, scope, entity id, entity type) key."""
+class _Run:
+    """Clauses compiled together: their positions in the group, the indexes, which are alive."""
 
-    __slots__ = ("_alive", "_clauses", "_compiled", "_dead", "_pending", "_positions")
+    __slots__ = ("alive", "compiled", "dead", "positions")
+
+    def __init__(self, positions: list[int], clauses: list[Clause]) -> None:
+        self.positions = np.array(positions, dtype=np.int64)  # ascending group positions
+        self.compiled = CompiledGroup(clauses)
+        self.alive = (1 << len(clauses)) - 1  # over positions within the run
+        self.dead = 0
+
+    @property
+    def live(self) -> int:
+        return len(self.positions) - self.dead
+
+    def kill(self, position: int) -> bool:
+        """Mark the clause at a group position dead; False when the run does not hold it."""
+        local = int(np.searchsorted(self.positions, position))
+        if local < len(self.positions) and self.positions[local] == position:
+            self.alive &= ~(1 << local)
+            self.dead += 1
+            return True
+        return False
+
+
+class ClauseGroup:
+    """The clauses under one (tenant, scope, entity id, entity type) key.
+
+    Clauses live in *runs*, each compiled on its own (log-structured, like an LSM tree):
+    new clauses wait in *pending*, checked one by one, until the next match finds at least
+    64 of them and compiles them into a new run; a run is merged with the one before it as
+    soon as it holds a quarter of its clauses. So a live broker that keeps receiving
+    subscriptions checks at most 63 clauses one by one, visits a handful of runs, and
+    rebuilds each clause only a logarithmic number of times; a bulk load (many adds, then
+    a match or ``compile``) builds one run. Removing clears a bit; a run whose clauses are
+    half dead is rebuilt from the live ones.
+    """
+
+    __slots__ = ("_clauses", "_live", "_pending", "_positions", "_runs")
 
     def __init__(self) -> None:
-        self._clauses: list[Clause | None] = []
-        self._positions: dict[str, list[int]] = {}  # subscription id -> clause positions
-        self._alive = 0  # live positions among the compiled ones
-        self._dead = 0
-        self._compiled: CompiledGroup | None = None
-        self._pending: list[int] = []
+        self._clauses: list[Clause | None] = []  # by group position; None once removed
+        self._positions: dict[str, list[int]] = {}  # subscription id -> group positions
+        self._runs: list[_Run] = []  # disjoint, ascending positions; sizes shrink 4x each
+        self._pending: list[int] = []  # positions not in any run yet, ascending
+        self._live = 0
 
     def __len__(self) -> int:
-        return len(self._clauses) - self._dead
+        return self._live
 
     def add(self, clause: Clause) -> None:
-        """Add a clause (checked one by one until the next compilation)."""
+        """Add a clause (pending until the next match that finds enough to compile)."""
         position = len(self._clauses)
         self._clauses.append(clause)
         self._positions.setdefault(clause.subscription.id, []).append(position)
         self._pending.append(position)
+        self._live += 1
 
     def remove(self, subscription_id: str) -> None:
         """Remove every clause of the subscription."""
         for position in self._positions.pop(subscription_id, ()):
             self._clauses[position] = None
-            self._alive &= ~(1 << position)
-            self._dead += 1
-        if self._pending:
-            self._pending = [p for p in self._pending if self._clauses[p] is not None]
+            self._live -= 1
+            if self._pending and position >= self._pending[0]:
+                self._pending.remove(position)
+                continue
+            for index, run in enumerate(self._runs):
+                if run.kill(position):
+                    if run.dead * 2 > len(run.positions):
+                        self._rebuild(index)
+                    break
+        holes = len(self._clauses) - self._live
+        if holes > self._live + _PENDING_LIMIT:
+            self.compile()  # renumber: positions only grow, removed ones would pile up
 
     def compile(self) -> None:
-        """Rebuild the indexes over every live clause."""
+        """Compile every live clause into one run (and renumber the positions)."""
         clauses = [c for c in self._clauses if c is not None]
         self._clauses = list(clauses)
         self._positions = {}
         for position, clause in enumerate(clauses):
             self._positions.setdefault(clause.subscription.id, []).append(position)
-        self._alive = (1 << len(clauses)) - 1
-        self._dead = 0
         self._pending = []
-        self._compiled = CompiledGroup(clauses) if clauses else None
-
-    def needs_compiling(self) -> bool:
-        """True when pending or dead clauses have grown past their share."""
-        compiled = self._compiled.size if self._compiled is not None else 0
-        pending = len(self._pending)
-        return (pending > _MIN_PENDING and pending * 8 > compiled) or (
-            self._dead > _MIN_PENDING and self._dead * 4 > compiled
-        )
+        self._runs = [_Run(list(range(len(clauses))), clauses)] if clauses else []
 
     def match(self, update: ContextUpdate, now: float, out: Matches) -> None:
         """Add the slots of every matching clause to ``out``."""
-        if (self._pending or self._dead) and self.needs_compiling():
-            self.compile()
-        compiled = self._compiled
-        if compiled is not None:
-            compiled.match(update, self._alive, now, out)
-        for position in self._pending:
-            clause = self._clauses[position]
-            if clause is not None and subscription_matches(clause.subscription, update, now):
-                out.slots.append(clause.slot)
+        if len(self._pending) >= _PENDING_LIMIT:
+            self._flush()
+        for run in self._runs:
+            if run.alive:
+                run.compiled.match(update, run.alive, now, out)
+        if self._pending:
+            clauses = self._clauses
+            for position in self._pending:
+                clause = clauses[position]
+                if clause is not None and subscription_matches(clause.subscription, update, now):
+                    out.slots.append(clause.slot)
+
+    def runs(self) -> list[int]:
+        """The number of live clauses in each run, oldest first (for tests and stats)."""
+        return [run.live for run in self._runs]
+
+    def pending(self) -> int:
+        """How many clauses are checked one by one."""
+        return len(self._pending)
+
+    def _flush(self) -> None:
+        positions = self._pending
+        self._pending = []
+        self._runs.append(self._run_of(positions))
+        runs = self._runs
+        while len(runs) >= 2 and runs[-1].live * 4 >= runs[-2].live:
+            last = runs.pop()
+            runs[-1] = self._run_of([*self._live_positions(runs[-1]), *self._live_positions(last)])
+
+    def _rebuild(self, index: int) -> None:
+        live = self._live_positions(self._runs[index])
+        if live:
+            self._runs[index] = self._run_of(live)
+        else:
+            del self._runs[index]
+
+    def _live_positions(self, run: _Run) -> list[int]:
+        clauses = self._clauses
+        return [p for p in run.positions.tolist() if clauses[p] is not None]
+
+    def _run_of(self, positions: list[int]) -> _Run:
+        """A run of the clauses at ``positions``, which must all be live."""
+        clauses = [c for c in (self._clauses[p] for p in positions) if c is not None]
+        if len(clauses) != len(positions):
+            raise AssertionError("a run was asked to hold a removed clause")
+        return _Run(positions, clauses)

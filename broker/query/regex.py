@@ -17,7 +17,7 @@ import re2
 
 from broker.errors import InvalidRegex
 
-__all__ = ["MAX_PATTERN_LENGTH", "Pattern", "compile_pattern", "is_match_all"]
+__all__ = ["MAX_PATTERN_LENGTH", "Pattern", "compile_pattern", "is_match_all", "search_remembered"]
 
 MAX_PATTERN_LENGTH = 1024
 _MAX_PROGRAM_SIZE = 1 << 20  # bytes of RE2 program memory per pattern
@@ -55,3 +55,27 @@ def compile_pattern(pattern: str) -> Callable[[str], Any]:
         raise InvalidRegex(f"pattern {pattern!r} does not compile: {reason}") from exc
     search: Callable[[str], Any] = compiled.search
     return search
+
+
+_REMEMBERED: dict[tuple[str, str], bool] = {}
+_REMEMBERED_LIMIT = 1 << 16
+_REMEMBERED_VALUE_LENGTH = 256
+
+
+def search_remembered(pattern: str, value: str) -> bool:
+    """Whether ``pattern`` is found in ``value``, remembering the answer for short values.
+
+    Indexes are rebuilt as subscriptions come and go, and the same patterns meet the same
+    entity ids and attribute values over and over; one process-wide table of answers keeps
+    a rebuilt index from paying for every regex search again.
+    """
+    if len(value) > _REMEMBERED_VALUE_LENGTH:
+        return compile_pattern(pattern)(value) is not None
+    key = (pattern, value)
+    found = _REMEMBERED.get(key)
+    if found is None:
+        found = compile_pattern(pattern)(value) is not None
+        if len(_REMEMBERED) >= _REMEMBERED_LIMIT:
+            _REMEMBERED.clear()
+        _REMEMBERED[key] = found
+    return found

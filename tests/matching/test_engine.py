@@ -147,3 +147,38 @@ def test_iterating_and_listing() -> None:
     engine = Engine(subs)
     assert sorted(s.id for s in engine) == ["a", "b"]
     assert sorted(s.id for s in engine.subscriptions()) == ["a", "b"]
+
+
+def test_live_changes_keep_few_runs_and_few_pending() -> None:
+    """Subscriptions trickling in and out while updates flow: results stay exact, at most
+    63 clauses wait unindexed after a match, and runs shrink geometrically."""
+    import math
+    import random
+
+    from broker.matching.clause_group import ClauseGroup
+
+    rng = random.Random(5)
+    engine = Engine()
+    reference = ReferenceMatcher()
+    live: list[str] = []
+    probes = [room(t) for t in (-3, 0, 7.5, 20, 41, 99.5)]
+    for step in range(3000):
+        if live and rng.random() < 0.3:
+            victim = live.pop(rng.randrange(len(live)))
+            engine.remove(victim)
+            reference.remove(victim)
+        else:
+            s = sub(f"s{step}", f"temp>{rng.randint(-5, 60)};temp<{rng.randint(0, 110)}")
+            engine.add(s)
+            reference.add(s)
+            live.append(s.id)
+        if step % 25 == 0:
+            probe = probes[step % len(probes)]
+            assert engine.match(probe, NOW) == reference.match(probe, NOW)
+            (group,) = [g for table in engine._tenants[""].scopes.values() for g in table.values()]
+            assert isinstance(group, ClauseGroup)
+            assert group.pending() < 64
+            runs = group.runs()
+            assert len(runs) <= 2 + math.log(max(len(live), 64) / 64, 4) * 2
+            assert sum(runs) + group.pending() == len(live)
+    assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)
