@@ -32,7 +32,8 @@ def _silbo(*arguments: str) -> subprocess.CompletedProcess[str]:
 def iot_report() -> dict[str, Any]:
     done = _silbo(
         "bench", "match", "--workload", "iot", "--subscriptions", "500",
-        "--updates", "200", "--runs", "1", "--baseline", "50", "--json",
+        "--updates", "200", "--runs", "1", "--baseline", "50", "--batch", "50",
+        "--churn", "20", "--json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
@@ -61,6 +62,14 @@ def test_bench_match_compares_with_the_reference_in_the_same_run(
     assert iot_report["baseline_events_per_s"] > 0
     assert iot_report["events_per_s_ids"] > 0
     assert iot_report["subscription_object_bytes"] > 0
+
+
+def test_bench_match_measures_matching_while_subscriptions_change(
+    iot_report: dict[str, Any],
+) -> None:
+    assert iot_report["churn"] == 20
+    assert iot_report["churn_events_per_s"] > 0
+    assert iot_report["churn_changes_per_s"] > 0
 
 
 def test_bench_match_json_names_the_machine(iot_report: dict[str, Any]) -> None:

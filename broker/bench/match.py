@@ -55,6 +55,8 @@ class Matcher(Protocol):
 
     def add(self, subscription: Subscription) -> None: ...
 
+    def remove(self, subscription_id: str) -> Subscription: ...
+
     def match_batch(
         self, updates: Sequence[ContextUpdate], now: float | None = None
     ) -> list[set[str]]: ...
@@ -97,6 +99,9 @@ class MatchReport:
     baseline_events_per_s: float | None = None
     speedup: float | None = None
     baseline_mismatches: int | None = None
+    churn: int = 0
+    churn_events_per_s: float | None = None
+    churn_changes_per_s: float | None = None
     machine: dict[str, Any] = field(default_factory=dict)
     command: str = ""
 
@@ -277,6 +282,7 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
     median = statistics.median(timings)
     id_median = statistics.median(id_timings)
     baseline = _baseline(built.matcher, subscriptions, updates[: args.baseline], now, say)
+    churn = _churn(built.matcher, workload, subscriptions, updates, args, now, say)
     object_bytes = None
     if args.memory == "tracemalloc":
         object_bytes = _subscription_object_bytes(
@@ -307,6 +313,7 @@ def benchmark(args: argparse.Namespace) -> MatchReport:
         generation_s=generation_s,
         run_events_per_s=[updates_count / t if t > 0 else 0.0 for t in timings],
         **baseline,
+        **churn,
         machine=machine_info(),
         command=getattr(args, "command_line", ""),
     )
@@ -339,6 +346,48 @@ def _baseline(
         "baseline_events_per_s": len(updates) / reference_s if reference_s > 0 else 0.0,
         "speedup": reference_s / engine_s if engine_s > 0 else 0.0,
         "baseline_mismatches": mismatches,
+    }
+
+
+def _churn(
+    matcher: Matcher,
+    workload: Any,
+    subscriptions: Sequence[Subscription],
+    updates: Sequence[ContextUpdate],
+    args: argparse.Namespace,
+    now: float,
+    say: Any,
+) -> dict[str, Any]:
+    """One more timed pass in which, after every batch of updates, ``args.churn`` new
+    subscriptions are added and as many of the original ones removed (the total stays N):
+    matching while subscribers come and go, as a live matcher does."""
+    per_batch = args.churn
+    if not per_batch:
+        return {}
+    batches = (len(updates) + args.batch - 1) // args.batch
+    count = min(per_batch * batches, len(subscriptions))
+    fresh = [
+        s.replace(id=f"churn-{i}")
+        for i, s in enumerate(workload.subscriptions(count, args.seed + 13))
+    ]
+    leaving = [s.id for s in subscriptions[:count]]
+    say(f"churn: {per_batch} subscriptions in and {per_batch} out after each batch")
+    match_batch = getattr(matcher, "match_batch_slots", matcher.match_batch)
+    changed = 0
+    started = time.perf_counter()
+    for start in range(0, len(updates), args.batch):
+        match_batch(updates[start : start + args.batch], now)
+        for _ in range(per_batch):
+            if changed >= count:
+                break
+            matcher.add(fresh[changed])
+            matcher.remove(leaving[changed])
+            changed += 1
+    seconds = time.perf_counter() - started
+    return {
+        "churn": per_batch,
+        "churn_events_per_s": len(updates) / seconds if seconds > 0 else 0.0,
+        "churn_changes_per_s": 2 * changed / seconds if seconds > 0 else 0.0,
     }
 
 
@@ -381,6 +430,18 @@ def _table(report: MatchReport) -> str:
         ("ms/event (median)", f"{report.ms_per_event:.4f}"),
         ("events/s, id sets", f"{report.events_per_s_ids:,.0f}"),
         ("matches/event", f"{report.matches_per_event:.2f}"),
+        *(
+            [
+                (
+                    "with churn",
+                    f"{report.churn_events_per_s:,.0f} events/s while making "
+                    f"{report.churn_changes_per_s:,.0f} subscription changes/s "
+                    f"({report.churn} in and out per batch of {report.batch})",
+                )
+            ]
+            if report.churn_events_per_s is not None and report.churn_changes_per_s is not None
+            else []
+        ),
         *(
             [
                 (
@@ -444,6 +505,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--baseline", type=_non_negative, default=0, metavar="K",
         help="also match the first K updates with the reference matcher, in this run: "
         "speed-up and mismatches (default 0, off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--churn", type=_non_negative, default=0, metavar="P",
+        help="one more timed pass adding P new subscriptions and removing P old ones after "
+        "every batch (default 0, off)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
