@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from broker.matching.bitset import from_mask, from_positions
+from broker.matching.bitset import from_positions
 from broker.matching.constraint import AttributeConstraint, Interval, Presence, StringTest
 from broker.query.ast import Op
 from broker.query.regex import compile_pattern, search_remembered
@@ -56,32 +56,38 @@ class NumericIndex:
             quantiles = np.quantile(ends, np.linspace(0.0, 1.0, CELLS + 1)[1:-1])
             ends = np.unique(quantiles)
         self._bounds: list[float] = ends.tolist()
-        self._regions: list[tuple[int, int]] = []  # (possible, sure) per region
-
-        def add(possible: np.ndarray, sure: np.ndarray) -> None:
-            possible_bits = base | _scatter(positions, possible, size)
-            sure_bits = (
-                possible_bits if sure is possible else base | _scatter(positions, sure, size)
-            )
-            self._regions.append((possible_bits, sure_bits))
-
-        bounds = [-math.inf, *self._bounds, math.inf]
+        lows = np.concatenate([[-math.inf], ends])[:, None]  # region k starts at lows[k]
+        highs = np.concatenate([ends, [math.inf]])[:, None]  # and ends at highs[k]
+        low, high = low[None, :], high[None, :]
+        low_open, high_open = low_open[None, :], high_open[None, :]
         if self.exact:
-            # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf)
-            for k in range(len(bounds) - 1):
-                a, b = bounds[k], bounds[k + 1]
-                if k > 0:  # the point a itself
-                    point = _covers_point(low, low_open, high, high_open, a)
-                    add(point, point)
-                gap = (low <= a) & (high >= b)  # no interval ends strictly inside (a, b)
-                add(gap, gap)
+            # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf); no
+            # interval ends strictly inside a gap, so a gap passes what contains all of it
+            gaps = _bitsets((low <= lows) & (high >= highs), positions, size, base)
+            point = ends[:, None]
+            points = _bitsets(
+                ((low < point) | ((low == point) & ~low_open))
+                & ((high > point) | ((high == point) & ~high_open)),
+                positions,
+                size,
+                base,
+            )
+            self._regions = [(gaps[0], gaps[0])]
+            for point_bits, gap_bits in zip(points, gaps[1:], strict=True):
+                self._regions.append((point_bits, point_bits))
+                self._regions.append((gap_bits, gap_bits))
         else:
-            # cells [b_k, b_k+1) between quantile bounds
-            for k in range(len(bounds) - 1):
-                a, b = bounds[k], bounds[k + 1]
-                meets = (low < b) & ((high > a) | ((high == a) & ~high_open))
-                covers = ((low < a) | ((low == a) & ~low_open)) & (high >= b)
-                add(meets, covers)
+            # cells [lows[k], highs[k]): intervals that meet a cell may pass, those that
+            # cover it surely do
+            meets = (low < highs) & ((high > lows) | ((high == lows) & ~high_open))
+            covers = ((low < lows) | ((low == lows) & ~low_open)) & (high >= highs)
+            self._regions = list(
+                zip(
+                    _bitsets(meets, positions, size, base),
+                    _bitsets(covers, positions, size, base),
+                    strict=True,
+                )
+            )
 
     def lookup(self, x: float) -> tuple[int, int]:
         """The (possible, sure) bitsets for the value ``x``."""
@@ -93,19 +99,18 @@ class NumericIndex:
         return self._regions[bisect.bisect_right(bounds, x)]
 
 
-def _covers_point(
-    low: np.ndarray, low_open: np.ndarray, high: np.ndarray, high_open: np.ndarray, x: float
-) -> np.ndarray:
-    result: np.ndarray = ((low < x) | ((low == x) & ~low_open)) & (
-        (high > x) | ((high == x) & ~high_open)
-    )
+def _bitsets(rows: np.ndarray, positions: np.ndarray, size: int, base: int) -> list[int]:
+    """One bitset per row of a (regions x intervals) boolean matrix, over the group's
+    ``size`` clause positions (interval j sits at ``positions[j]``), each with ``base``."""
+    result: list[int] = []
+    block = max(1, (1 << 24) // max(size, 1))  # rows per pass: at most ~16 MB of flags
+    for start in range(0, rows.shape[0], block):
+        chosen = rows[start : start + block]
+        flags = np.zeros((chosen.shape[0], size), dtype=np.bool_)
+        flags[:, positions] = chosen
+        packed = np.packbits(flags, axis=1, bitorder="little")
+        result.extend(base | int.from_bytes(row.tobytes(), "little") for row in packed)
     return result
-
-
-def _scatter(positions: np.ndarray, chosen: np.ndarray, size: int) -> int:
-    mask = np.zeros(size, dtype=np.bool_)
-    mask[positions[chosen]] = True
-    return from_mask(mask)
 
 
 class StringIndex:
