@@ -231,13 +231,9 @@ class Engine:
         if tenant is None:
             return
         entity_id, entity_type = update.entity_id, update.entity_type
+        keys = ((entity_id, entity_type), (entity_id, None), (None, entity_type), (None, None))
         for table in tenant.tables_for(update.service_path):
-            for key in (
-                (entity_id, entity_type),
-                (entity_id, None),
-                (None, entity_type),
-                (None, None),
-            ):
+            for key in keys:
                 group = table.get(key)
                 if group is not None:
                     group.match(update, now, out)
