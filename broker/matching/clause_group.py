@@ -294,12 +294,12 @@ class ClauseGroup:
 
     Clauses live in *runs*, each compiled on its own (log-structured, like an LSM tree):
     new clauses wait in *pending*, checked one by one, until the next match finds at least
-    64 of them and compiles them into a new run; a run is merged with the one before it as
+    8 of them and compiles them into a new run; a run is merged with the one before it as
     soon as it holds a quarter of its clauses. So a live broker that keeps receiving
-    subscriptions checks at most 63 clauses one by one, visits a handful of runs, and
-    rebuilds each clause only a logarithmic number of times; a bulk load (many adds, then
-    a match or ``compile``) builds one run. Removing clears a bit; a run whose clauses are
-    half dead is rebuilt from the live ones.
+    subscriptions checks at most 7 clauses one by one after a match, visits a handful of
+    runs, and rebuilds each clause only a logarithmic number of times; a bulk load (many
+    adds, then a match or ``compile``) builds one run. Removing clears a bit; a run whose
+    clauses are half dead is rebuilt from the live ones.
     """
 
     __slots__ = ("_clauses", "_live", "_pending", "_positions", "_runs")
