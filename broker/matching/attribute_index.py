@@ -21,9 +21,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from broker.matching.bitset import from_positions
 from broker.matching.constraint import AttributeConstraint, Interval, Presence, StringTest
@@ -37,18 +38,39 @@ CELLS = 96  # otherwise, this many quantile cells
 _MEMO_LIMIT = 8192
 
 
+class IntervalColumns(NamedTuple):
+    """Intervals as numpy columns: interval j belongs to the clause at ``positions[j]``."""
+
+    positions: npt.NDArray[np.int64]
+    low: npt.NDArray[np.float64]
+    low_open: npt.NDArray[np.bool_]
+    high: npt.NDArray[np.float64]
+    high_open: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, entries: Sequence[tuple[int, Interval]]) -> IntervalColumns:
+        """The columns of (position, interval) pairs."""
+        positions = np.array([p for p, _ in entries], dtype=np.int64)
+        # flattened first: numpy reads a flat list of floats far faster than tuples
+        flat = [x for _, interval in entries for x in interval]
+        table = np.array(flat, dtype=np.float64).reshape(-1, 4)
+        return cls(positions, table[:, 0], table[:, 1] != 0, table[:, 2], table[:, 3] != 0)
+
+
 class NumericIndex:
     """Intervals over the real line, queried with one number."""
 
     __slots__ = ("_bounds", "_regions", "exact")
 
-    def __init__(self, entries: Sequence[tuple[int, Interval]], size: int, base: int = 0) -> None:
+    def __init__(
+        self,
+        entries: Sequence[tuple[int, Interval]] | IntervalColumns,
+        size: int,
+        base: int = 0,
+    ) -> None:
         """Index the intervals (position, interval); every answer also holds ``base``."""
-        positions = np.array([p for p, _ in entries], dtype=np.int64)
-        low = np.array([i.low for _, i in entries], dtype=np.float64)
-        high = np.array([i.high for _, i in entries], dtype=np.float64)
-        low_open = np.array([i.low_open for _, i in entries], dtype=np.bool_)
-        high_open = np.array([i.high_open for _, i in entries], dtype=np.bool_)
+        columns = entries if isinstance(entries, IntervalColumns) else IntervalColumns.of(entries)
+        positions, low, low_open, high, high_open = columns
         ends = np.unique(np.concatenate([low, high]))
         ends = ends[np.isfinite(ends)]
         self.exact = len(ends) <= EXACT_ENDS
@@ -176,7 +198,16 @@ class StringIndex:
 class AttributeIndex:
     """Everything one group's clauses ask of one attribute (see the module docstring)."""
 
-    __slots__ = ("_absent", "_compound", "_numeric", "_present", "_strings", "exact", "name")
+    __slots__ = (
+        "_absent",
+        "_compound",
+        "_numeric",
+        "_present",
+        "_strings",
+        "exact",
+        "intervals",
+        "name",
+    )
 
     def __init__(
         self,
@@ -206,7 +237,9 @@ class AttributeIndex:
         self._absent = (absent_bits, absent_bits)
         self._present = (present_bits, present_bits)
         self._compound = (present_bits | from_positions(valued, size), present_bits)
-        self._numeric = NumericIndex(intervals, size, present_bits) if intervals else None
+        # the interval columns, kept for the group to build its cell matrix, then dropped
+        self.intervals = IntervalColumns.of(intervals) if intervals else None
+        self._numeric = NumericIndex(self.intervals, size, present_bits) if self.intervals else None
         self._strings = StringIndex(strings, size, present_bits) if strings else None
         self.exact = self._numeric is None or self._numeric.exact  # possible == sure for scalars
 

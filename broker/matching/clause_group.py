@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from broker.matching.attribute_index import AttributeIndex, StringIndex
+from broker.matching.attribute_index import AttributeIndex, IntervalColumns, StringIndex
 from broker.matching.bitset import from_positions, position_array, positions
 from broker.matching.constraint import AttributeConstraint, FilterPlan, StringTest, plan
 from broker.matching.reference import subscription_matches
@@ -137,13 +137,14 @@ class CompiledGroup:
         self.id_patterns = _PatternIndex(id_patterns, size) if id_patterns else None
         self.type_patterns = _PatternIndex(type_patterns, size) if type_patterns else None
         indexes = []
-        celled: set[str] = set()
+        celled: dict[str, IntervalColumns] = {}
         for name, entries in by_attribute.items():
             constrained = from_positions([p for p, _ in entries], size)
             index = AttributeIndex(name, entries, everyone & ~constrained, size)
             indexes.append((len(entries), index))
-            if not index.exact:
-                celled.add(name)
+            if not index.exact and index.intervals is not None:
+                celled[name] = index.intervals
+            index.intervals = None
         # most constrained attributes first: they prune the most, and an empty set stops early
         indexes.sort(key=lambda item: -item[0])
         self.attributes = [index for _, index in indexes]
@@ -151,7 +152,7 @@ class CompiledGroup:
         # clause undecided, one row per clause, to settle those clauses all at once
         self.cells: _CellIntervals | None = None
         if celled:
-            self.cells = _CellIntervals(sorted(celled), by_attribute, size)
+            self.cells = _CellIntervals(celled, size)
 
     def match(self, update: ContextUpdate, candidates: int, now: float, out: Matches) -> None:
         """Add the slots of the matching clauses among ``candidates`` to ``out``."""
@@ -211,25 +212,19 @@ class _CellIntervals:
 
     __slots__ = ("_high", "_high_open", "_low", "_low_open", "_names")
 
-    def __init__(
-        self,
-        names: list[str],
-        by_attribute: dict[str, list[tuple[int, AttributeConstraint]]],
-        size: int,
-    ) -> None:
-        self._names = names
-        shape = (size, len(names))
+    def __init__(self, columns: dict[str, IntervalColumns], size: int) -> None:
+        self._names = sorted(columns)
+        shape = (size, len(self._names))
         self._low = np.full(shape, -math.inf)
         self._high = np.full(shape, math.inf)
         self._low_open = np.zeros(shape, dtype=np.bool_)
         self._high_open = np.zeros(shape, dtype=np.bool_)
-        for column, name in enumerate(names):
-            rows = [(p, c.interval) for p, c in by_attribute[name] if c.interval is not None]
-            where = np.array([p for p, _ in rows], dtype=np.int64)
-            self._low[where, column] = [i.low for _, i in rows]
-            self._high[where, column] = [i.high for _, i in rows]
-            self._low_open[where, column] = [i.low_open for _, i in rows]
-            self._high_open[where, column] = [i.high_open for _, i in rows]
+        for column, name in enumerate(self._names):
+            where, low, low_open, high, high_open = columns[name]
+            self._low[where, column] = low
+            self._high[where, column] = high
+            self._low_open[where, column] = low_open
+            self._high_open[where, column] = high_open
 
     def settle(
         self, clauses: npt.NDArray[np.int64], attributes: Any
