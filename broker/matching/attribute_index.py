@@ -78,38 +78,44 @@ class NumericIndex:
             quantiles = np.quantile(ends, np.linspace(0.0, 1.0, CELLS + 1)[1:-1])
             ends = np.unique(quantiles)
         self._bounds: list[float] = ends.tolist()
-        lows = np.concatenate([[-math.inf], ends])[:, None]  # region k starts at lows[k]
-        highs = np.concatenate([ends, [math.inf]])[:, None]  # and ends at highs[k]
-        low, high = low[None, :], high[None, :]
-        low_open, high_open = low_open[None, :], high_open[None, :]
+        m = len(ends)
         if self.exact:
-            # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf); no
-            # interval ends strictly inside a gap, so a gap passes what contains all of it
-            gaps = _bitsets((low <= lows) & (high >= highs), positions, size, base)
-            point = ends[:, None]
-            points = _bitsets(
-                ((low < point) | ((low == point) & ~low_open))
-                & ((high > point) | ((high == point) & ~high_open)),
-                positions,
-                size,
-                base,
-            )
-            self._regions = [(gaps[0], gaps[0])]
-            for point_bits, gap_bits in zip(points, gaps[1:], strict=True):
-                self._regions.append((point_bits, point_bits))
-                self._regions.append((gap_bits, gap_bits))
+            # regions: (-inf, e0), [e0], (e0, e1), [e1], ..., [e_last], (e_last, inf), numbered
+            # 0..2m; every interval end is some e_j, so an interval covers a contiguous run of
+            # regions exactly: from its low end's point (or the gap after it, if open) to its
+            # high end's point (or the gap before it)
+            j_low = np.searchsorted(ends, low)
+            j_high = np.searchsorted(ends, high)
+            first = np.where(low == -math.inf, 0, 2 * j_low + 1 + low_open)
+            last = np.where(high == math.inf, 2 * m, 2 * j_high + 1 - high_open)
+            bits = _region_bitsets(first, last, 2 * m + 1, positions, size, base)
+            self._regions = [(b, b) for b in bits]
         else:
-            # cells [lows[k], highs[k]): intervals that meet a cell may pass, those that
-            # cover it surely do
-            meets = (low < highs) & ((high > lows) | ((high == lows) & ~high_open))
-            covers = ((low < lows) | ((low == lows) & ~low_open)) & (high >= highs)
-            self._regions = list(
-                zip(
-                    _bitsets(meets, positions, size, base),
-                    _bitsets(covers, positions, size, base),
-                    strict=True,
-                )
+            # cells [lows[k], highs[k]) for k in 0..m, with lows = (-inf, e...) and
+            # highs = (e..., inf): an interval meets the cells first..last and covers the
+            # cells first_covered..last_covered
+            first = np.searchsorted(ends, low, side="right")
+            last = np.where(
+                high_open,
+                np.searchsorted(ends, high, side="left"),
+                np.searchsorted(ends, high, side="right"),
             )
+            first_covered = np.where(
+                low == -math.inf,
+                0,
+                np.where(
+                    low_open,
+                    np.searchsorted(ends, low, side="right"),
+                    np.searchsorted(ends, low, side="left"),
+                )
+                + 1,
+            )
+            last_covered = np.where(
+                high == math.inf, m, np.searchsorted(ends, high, side="right") - 1
+            )
+            meets = _region_bitsets(first, last, m + 1, positions, size, base)
+            covers = _region_bitsets(first_covered, last_covered, m + 1, positions, size, base)
+            self._regions = list(zip(meets, covers, strict=True))
 
     def lookup(self, x: float) -> tuple[int, int]:
         """The (possible, sure) bitsets for the value ``x``."""
@@ -121,17 +127,41 @@ class NumericIndex:
         return self._regions[bisect.bisect_right(bounds, x)]
 
 
-def _bitsets(rows: np.ndarray, positions: np.ndarray, size: int, base: int) -> list[int]:
-    """One bitset per row of a (regions x intervals) boolean matrix, over the group's
-    ``size`` clause positions (interval j sits at ``positions[j]``), each with ``base``."""
+def _region_bitsets(
+    first: np.ndarray,
+    last: np.ndarray,
+    regions: int,
+    positions: np.ndarray,
+    size: int,
+    base: int,
+) -> list[int]:
+    """One bitset per region r: the clauses whose interval spans regions first..last with
+    first <= r <= last (each with ``base``), built by sweeping r and adding the intervals
+    that start at r and dropping those that ended before it."""
+    spans = first <= last
+    starts = _grouped(first[spans], positions[spans], regions, size)
+    stops = _grouped(last[spans], positions[spans], regions, size)
     result: list[int] = []
-    block = max(1, (1 << 24) // max(size, 1))  # rows per pass: at most ~16 MB of flags
-    for start in range(0, rows.shape[0], block):
-        chosen = rows[start : start + block]
-        flags = np.zeros((chosen.shape[0], size), dtype=np.bool_)
-        flags[:, positions] = chosen
+    current = 0
+    for region in range(regions):
+        current |= starts[region]
+        result.append(base | current)
+        current &= ~stops[region]
+    return result
+
+
+def _grouped(keys: np.ndarray, positions: np.ndarray, regions: int, size: int) -> list[int]:
+    """For each region r, the bitset of the positions whose key is r (one flag matrix per
+    block of regions, packed at once)."""
+    result: list[int] = []
+    block = max(1, (1 << 24) // max(size, 1))  # regions per pass: at most ~16 MB of flags
+    for start in range(0, regions, block):
+        stop = min(start + block, regions)
+        chosen = (keys >= start) & (keys < stop)
+        flags = np.zeros((stop - start, size), dtype=np.bool_)
+        flags[keys[chosen] - start, positions[chosen]] = True
         packed = np.packbits(flags, axis=1, bitorder="little")
-        result.extend(base | int.from_bytes(row.tobytes(), "little") for row in packed)
+        result.extend(int.from_bytes(row.tobytes(), "little") for row in packed)
     return result
 
 
