@@ -6,6 +6,8 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
 :data:`_BENCHMARKS`::
 
     silbo demo                      broker.demo
+    silbo run ROLE                  broker.commands.run
+    silbo admin init|status         broker.commands.admin
     silbo bench match               broker.bench.match
 """
 
@@ -19,6 +21,7 @@ from importlib import metadata
 
 from broker import demo
 from broker.bench import match
+from broker.commands import admin, run
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +30,12 @@ _Configure = Callable[[argparse.ArgumentParser], None]
 # (name, one-line help, configure) of each top-level command but ``bench``.
 _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
     ("demo", "the matching engine on W-IoT, checked against the reference", demo.configure),
+    (
+        "run",
+        "run one broker process (connection point, access point, matcher, exit point)",
+        run.configure,
+    ),
+    ("admin", "operate a running cluster (init, status)", admin.configure),
 )
 
 # (name, one-line help, configure) of each ``silbo bench`` benchmark.

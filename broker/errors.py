@@ -12,7 +12,9 @@ The tree::
     │   ├── InvalidUpdate       a context update is malformed
     │   └── SerializationError  a msgpack payload is corrupt or of an unknown version
     ├── NotFound                the named subscription or entity does not exist (NOT_FOUND, 404)
-    └── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
+    ├── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
+    └── Unavailable             the cluster cannot serve the request now: no access point,
+                                no acknowledgement in time (UNAVAILABLE, 503); retry later
 
 Foreign exceptions are translated at the boundary where they enter (``raise X(...) from exc``);
 the rest of the code only ever sees these.
@@ -35,6 +37,7 @@ __all__ = [
     "QuerySyntaxError",
     "SerializationError",
     "SilboError",
+    "Unavailable",
     "mapping_for",
     "register_mapping",
 ]
@@ -93,6 +96,10 @@ class AlreadyExists(SilboError):
     """An object with that id already exists."""
 
 
+class Unavailable(SilboError):
+    """The cluster cannot serve the request now (a peer is missing or did not answer)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorMapping:
     """How one error class is reported on each wire."""
@@ -110,6 +117,7 @@ _TABLE: dict[type[SilboError], ErrorMapping] = {
     SerializationError: ErrorMapping("INVALID_ARGUMENT", 400, "ParseError"),
     NotFound: ErrorMapping("NOT_FOUND", 404, "NotFound"),
     AlreadyExists: ErrorMapping("ALREADY_EXISTS", 422, "Unprocessable"),
+    Unavailable: ErrorMapping("UNAVAILABLE", 503, "ServiceUnavailable"),
 }
 
 

@@ -3,7 +3,8 @@
 Layout (under the cluster's chroot)::
 
     /members/<role>/<role>-<token>-<sequence>    ephemeral, sequential; JSON data:
-        {"role": "matcher", "address": "10.0.0.7:7003", "pid": 4242, "started": 1763750000.5}
+        {"role": "matcher", "address": "10.0.0.7:7003", "pid": 4242, "started": 1763750000.5,
+         "metrics": "10.0.0.7:9103"}     (metrics: optional)
 
 ``<token>`` is random per registration, so a create whose reply was lost to a connection drop
 is recognised on retry instead of leaving a duplicate (kazoo's lock recipe does the same).
@@ -74,6 +75,7 @@ class Member:
     pid: int
     started: float  # seconds since the epoch (time.time()) when the process started
     name: str = ""  # the znode's name; empty until registered
+    metrics: str = ""  # host:port of its Prometheus endpoint; empty if it serves none
 
     @property
     def sequence(self) -> int:
@@ -93,6 +95,8 @@ class Member:
             "pid": self.pid,
             "started": self.started,
         }
+        if self.metrics:
+            body["metrics"] = self.metrics
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -106,6 +110,7 @@ class Member:
                 pid=_expect(body, "pid", int),
                 started=float(_expect(body, "started", (int, float))),
                 name=name,
+                metrics=str(body.get("metrics", "")),
             )
             member.sequence  # noqa: B018 - checks the name ends in a sequence number
         except (ValueError, TypeError, KeyError) as exc:
@@ -141,6 +146,7 @@ class Membership:
         *,
         pid: int | None = None,
         started: float | None = None,
+        metrics: str = "",
         on_change: MembershipCallback | None = None,
     ) -> None:
         _check_role(role)
@@ -150,6 +156,7 @@ class Membership:
             address=address,
             pid=os.getpid() if pid is None else pid,
             started=time.time() if started is None else started,
+            metrics=metrics,
         )
         self._on_change = on_change
         self._cond = threading.Condition()

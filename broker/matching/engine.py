@@ -111,6 +111,10 @@ class Engine:
         except KeyError:
             raise NotFound(f"no subscription {subscription_id!r}") from None
 
+    def slot_of(self, subscription_id: str) -> int | None:
+        """The slot a held, active subscription occupies (None for inactive or unknown ones)."""
+        return self._slot_of.get(subscription_id)
+
     def subscriptions(self) -> list[Subscription]:
         """Every subscription held."""
         return list(self._subscriptions.values())

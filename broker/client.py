@@ -1,0 +1,508 @@
+"""The Python client of a Silbo cluster: publish updates, subscribe, receive notifications.
+
+    from broker.client import Client
+    with Client("127.0.0.1:7777") as client:           # or Client.from_state_dir(".silbo")
+        sub = client.subscribe(type="Room", q="temperature>25")
+        client.publish(ContextUpdate.of("Room1", {"temperature": 30}, entity_type="Room"))
+        for notification in sub:                      # blocks; sub.get(timeout=...) too
+            print(notification.subscription_id, notification.update)
+
+Two streams per client, opened on first use: a publish stream (batches of entities, each
+acknowledged, at most ``window`` batches in flight) and a session stream (subscriptions and
+their notifications). Every call that the cluster refuses raises the matching SilboError
+(InvalidInput for INVALID_ARGUMENT, NotFound, AlreadyExists, Unavailable).
+
+Reconnection: the client knows one or more connection points. When the one it uses goes
+away, it moves to the next: unacknowledged publish batches are sent again (so a batch the
+old connection point had already forwarded may be delivered twice: at-least-once across a
+connection point failure), and live subscriptions are made again under the same ids
+(notifications for updates published while no session existed are not delivered).
+Issue 4's session hand-over removes both gaps for planned moves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from broker.errors import (
+    AlreadyExists,
+    InvalidInput,
+    NotFound,
+    SilboError,
+    Unavailable,
+)
+from broker.model.identifiers import DEFAULT_SCOPE
+from broker.model.subscription import Subscription
+from broker.model.update import ContextUpdate
+from broker.wire import client_pb2 as pb
+from broker.wire import client_pb2_grpc as pb_grpc
+from broker.wire.convert import entity_from_update, spec_from_subscription, trusted_update
+
+__all__ = ["Client", "Notification", "SubscriptionHandle"]
+
+_log = logging.getLogger(__name__)
+
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+)
+_ERRORS: dict[str, type[SilboError]] = {
+    "INVALID_ARGUMENT": InvalidInput,
+    "NOT_FOUND": NotFound,
+    "ALREADY_EXISTS": AlreadyExists,
+    "UNAVAILABLE": Unavailable,
+}
+_END = object()
+
+
+def _raise(error: pb.Error) -> None:
+    raise _ERRORS.get(error.code, SilboError)(error.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One notification: the subscription it is for and the update that matched it."""
+
+    subscription_id: str
+    update: ContextUpdate  # publisher and sequence say who published it, in which order
+
+
+class SubscriptionHandle:
+    """A live subscription; iterate it (or call :meth:`get`) for its notifications."""
+
+    def __init__(self, client: Client, subscription_id: str) -> None:
+        self.id = subscription_id
+        self._client = client
+        self._queue: queue.Queue[Notification | object] = queue.Queue()
+        self.closed = False
+
+    def get(self, timeout: float | None = None) -> Notification:
+        """The next notification; ``queue.Empty`` after ``timeout`` seconds without one."""
+        item = self._queue.get(timeout=timeout)
+        if item is _END:
+            self._queue.put(_END)
+            raise StopIteration
+        assert isinstance(item, Notification)
+        return item
+
+    def __iter__(self) -> Iterator[Notification]:
+        while True:
+            try:
+                yield self.get()
+            except StopIteration:
+                return
+
+    def unsubscribe(self) -> None:
+        """Stop the subscription (its iterator ends)."""
+        self._client.unsubscribe(self)
+
+    def _put(self, notification: Notification) -> None:
+        self._queue.put(notification)
+
+    def _end(self) -> None:
+        self.closed = True
+        self._queue.put(_END)
+
+
+class _Stream:
+    """One bidirectional stream fed from a queue, answered on a reader thread."""
+
+    def __init__(
+        self,
+        name: str,
+        on_event: Callable[[object], None],
+        on_end: Callable[[BaseException | None], None],
+    ) -> None:
+        self._name = name
+        self._requests: queue.Queue[object] = queue.Queue()
+        self._on_event = on_event
+        self._on_end = on_end
+        self._call: grpc.RpcContext | None = None
+        self.closing = False
+
+    def open(self, method: Callable[..., Iterator[object]]) -> None:
+        call = method(self._iterate(), wait_for_ready=True)
+        self._call = call  # type: ignore[assignment]
+        threading.Thread(target=self._read, args=(call,), name=self._name, daemon=True).start()
+
+    def send(self, request: object) -> None:
+        self._requests.put(request)
+
+    def close(self) -> None:
+        self.closing = True
+        self._requests.put(_END)
+        if self._call is not None:
+            self._call.cancel()
+
+    def _iterate(self) -> Iterator[object]:
+        while True:
+            item = self._requests.get()
+            if item is _END:
+                return
+            yield item
+
+    def _read(self, call: Iterator[object]) -> None:
+        error: BaseException | None = None
+        try:
+            for event in call:
+                self._on_event(event)
+        except grpc.RpcError as exc:
+            error = exc
+        except Exception as exc:  # a bug in a callback must not hang the client silently
+            _log.exception("client stream %s failed", self._name)
+            error = exc
+        self._requests.put(_END)
+        self._on_end(None if self.closing else error or ConnectionError("stream ended"))
+
+
+class Client:
+    """A connection to a Silbo cluster through one of its connection points."""
+
+    def __init__(
+        self,
+        targets: str | Sequence[str],
+        *,
+        publisher: str | None = None,
+        timeout: float = 30.0,
+        window: int = 16,
+        on_batch: Callable[[pb.NotificationBatch, dict[int, str]], None] | None = None,
+    ) -> None:
+        """``targets``: ``HOST:PORT`` of connection points (a list, or comma-separated).
+
+        ``on_batch`` (optional) receives every raw NotificationBatch with the handle-to-id
+        map, instead of the per-subscription queues (for high-rate consumers).
+        """
+        names = targets.split(",") if isinstance(targets, str) else list(targets)
+        self._targets = [t.strip() for t in names if t.strip()]
+        if not self._targets:
+            raise InvalidInput("a client needs at least one connection point address")
+        self.publisher = publisher or f"client-{uuid.uuid4().hex[:12]}"
+        self._timeout = timeout
+        self._window = threading.Semaphore(window)
+        self._on_batch = on_batch
+        self._lock = threading.RLock()
+        self._target = 0
+        self._channel: grpc.Channel | None = None
+        self._publish: _Stream | None = None
+        self._session: _Stream | None = None
+        self._next_sequence = 1
+        self._batches = itertools.count(1)
+        self._unacked: dict[int, tuple[pb.PublishRequest, Future[int]]] = {}
+        self._requests = itertools.count(1)
+        self._waiting: dict[int, Future[pb.SessionAck]] = {}
+        self._handles: dict[int, str] = {}
+        self._subscriptions: dict[str, tuple[SubscriptionHandle, pb.SubscriptionSpec]] = {}
+        self._closed = False
+
+    @classmethod
+    def from_state_dir(cls, state_dir: str | Path = ".silbo", **options: object) -> Client:
+        """A client of the cluster that ``silbo up`` described in ``STATE_DIR/cluster.json``."""
+        path = Path(state_dir) / "cluster.json"
+        try:
+            endpoints = json.loads(path.read_text())["endpoints"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidInput(f"no running cluster described in {path}: {exc}") from exc
+        return cls(endpoints, **options)  # type: ignore[arg-type]
+
+    @property
+    def target(self) -> str:
+        """The connection point in use."""
+        return self._targets[self._target]
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def publish(self, update: ContextUpdate | pb.Entity) -> None:
+        """Publish one update and wait until the connection point accepted it."""
+        self.publish_many([update], batch_size=1)
+
+    def publish_many(
+        self, updates: Iterable[ContextUpdate | pb.Entity], *, batch_size: int = 500
+    ) -> int:
+        """Publish updates in batches, in order; returns how many were accepted.
+
+        At most ``window`` batches are in flight; the first refused batch raises (earlier
+        ones are published, later ones are not sent).
+        """
+        futures: list[Future[int]] = []
+        batch: list[pb.Entity] = []
+        for update in updates:
+            batch.append(update if isinstance(update, pb.Entity) else entity_from_update(update))
+            if len(batch) >= batch_size:
+                futures.append(self._send_batch(batch))
+                batch = []
+                self._check_done(futures)
+        if batch:
+            futures.append(self._send_batch(batch))
+        return sum(f.result(timeout=self._timeout) for f in futures)
+
+    def publish_requests(self, requests: Iterable[pb.PublishRequest]) -> int:
+        """Publish prepared requests (publisher and sequences already set); accepted count."""
+        futures = []
+        for request in requests:
+            futures.append(self._send_request(request))
+            self._check_done(futures)
+        return sum(f.result(timeout=self._timeout) for f in futures)
+
+    def _check_done(self, futures: list[Future[int]]) -> None:
+        for future in futures:
+            if future.done():
+                future.result()  # raises the first refusal early
+
+    def _send_batch(self, entities: list[pb.Entity]) -> Future[int]:
+        with self._lock:
+            request = pb.PublishRequest(
+                publisher=self.publisher, first_sequence=self._next_sequence, entities=entities
+            )
+            self._next_sequence += len(entities)
+        return self._send_request(request)
+
+    def _send_request(self, request: pb.PublishRequest) -> Future[int]:
+        if not self._window.acquire(timeout=self._timeout):
+            raise Unavailable(f"no publish acknowledgement within {self._timeout:.0f} s")
+        future: Future[int] = Future()
+        with self._lock:
+            stream = self._publisher()
+            request.batch = next(self._batches)
+            self._unacked[request.batch] = (request, future)
+            stream.send(request)
+        return future
+
+    def _publisher(self) -> _Stream:
+        with self._lock:
+            self._check_open()
+            if self._publish is None:
+                stream = _Stream("silbo-publish", self._publish_ack, self._publish_ended)
+                stream.open(pb_grpc.ConnectionPointStub(self._connect()).Publish)  # type: ignore[no-untyped-call]
+                self._publish = stream
+                for request, _future in self._unacked.values():  # resend, in order
+                    stream.send(request)
+            return self._publish
+
+    def _publish_ack(self, event: object) -> None:
+        assert isinstance(event, pb.PublishAck)
+        with self._lock:
+            entry = self._unacked.pop(event.batch, None)
+        if entry is None:
+            return
+        self._window.release()
+        if event.HasField("error") and event.error.code:
+            try:
+                _raise(event.error)
+            except SilboError as exc:
+                entry[1].set_exception(exc)
+        else:
+            entry[1].set_result(event.accepted)
+
+    def _publish_ended(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._publish = None
+            if error is None or self._closed:
+                return
+            _log.warning("publish stream to %s ended (%s); moving on", self.target, error)
+            self._move()
+            if self._unacked:
+                self._publisher()
+
+    # -- subscribing ----------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        *,
+        id: str | None = None,
+        id_pattern: str | None = None,
+        type: str | None = None,
+        type_pattern: str | None = None,
+        condition_attrs: Sequence[str] = (),
+        q: str = "",
+        mq: str = "",
+        tenant: str = "",
+        service_path: str = DEFAULT_SCOPE,
+        attrs: Sequence[str] = (),
+        subscription_id: str = "",
+        description: str = "",
+    ) -> SubscriptionHandle:
+        """Subscribe; returns once the owner matcher holds the subscription."""
+        if id is None and id_pattern is None:
+            id_pattern = ".*"
+        spec = pb.SubscriptionSpec(
+            id=subscription_id,
+            tenant=tenant,
+            service_path=service_path,
+            condition_attrs=list(condition_attrs),
+            q=q,
+            mq=mq,
+            attrs=list(attrs),
+            description=description,
+        )
+        spec.entities.add(
+            id=id or "",
+            id_pattern=id_pattern or "",
+            type=type or "",
+            type_pattern=type_pattern or "",
+        )
+        return self.subscribe_many([spec])[0]
+
+    def subscribe_many(
+        self, subscriptions: Sequence[pb.SubscriptionSpec | Subscription], *, chunk: int = 2000
+    ) -> list[SubscriptionHandle]:
+        """Subscribe to many at once (in chunks); all-or-nothing per chunk."""
+        specs = [
+            s if isinstance(s, pb.SubscriptionSpec) else spec_from_subscription(s)
+            for s in subscriptions
+        ]
+        handles: list[SubscriptionHandle] = []
+        for start in range(0, len(specs), chunk):
+            part = specs[start : start + chunk]
+            ack = self._ask(pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=part)))
+            with self._lock:
+                for spec, subscription_id, handle in zip(part, ack.ids, ack.handles, strict=True):
+                    kept = pb.SubscriptionSpec()
+                    kept.CopyFrom(spec)
+                    kept.id = subscription_id
+                    subscription = SubscriptionHandle(self, subscription_id)
+                    self._subscriptions[subscription_id] = (subscription, kept)
+                    self._handles[handle] = subscription_id
+                    handles.append(subscription)
+        return handles
+
+    def unsubscribe(self, subscription: SubscriptionHandle | str) -> None:
+        """Stop a subscription of this client; NotFound if it holds none with that id."""
+        subscription_id = subscription if isinstance(subscription, str) else subscription.id
+        self._ask(pb.SessionRequest(unsubscribe=pb.Unsubscribe(ids=[subscription_id])))
+        with self._lock:
+            entry = self._subscriptions.pop(subscription_id, None)
+            self._handles = {h: i for h, i in self._handles.items() if i != subscription_id}
+        if entry is not None:
+            entry[0]._end()
+
+    def _ask(self, request: pb.SessionRequest) -> pb.SessionAck:
+        future: Future[pb.SessionAck] = Future()
+        with self._lock:
+            request.request = next(self._requests)
+            self._waiting[request.request] = future
+            self._sessions().send(request)
+        try:
+            ack = future.result(timeout=self._timeout)
+        except TimeoutError:
+            raise Unavailable(
+                f"no answer from {self.target} within {self._timeout:.0f} s"
+            ) from None
+        if ack.HasField("error") and ack.error.code:
+            _raise(ack.error)
+        return ack
+
+    def _sessions(self) -> _Stream:
+        with self._lock:
+            self._check_open()
+            if self._session is None:
+                stream = _Stream("silbo-session", self._session_event, self._session_ended)
+                stream.open(pb_grpc.ConnectionPointStub(self._connect()).Session)  # type: ignore[no-untyped-call]
+                self._session = stream
+            return self._session
+
+    def _session_event(self, event: object) -> None:
+        assert isinstance(event, pb.SessionEvent)
+        if event.HasField("ack"):
+            with self._lock:
+                future = self._waiting.pop(event.ack.request, None)
+            if future is not None:
+                future.set_result(event.ack)
+            return
+        batch = event.notifications
+        if self._on_batch is not None:
+            self._on_batch(batch, self._handles)
+            return
+        updates = [
+            trusted_update(entity, publisher, sequence)
+            for entity, publisher, sequence in zip(
+                batch.entities, batch.publishers, batch.sequences, strict=True
+            )
+        ]
+        for index, handle in zip(batch.entity_index, batch.handles, strict=True):
+            subscription_id = self._handles.get(handle)
+            entry = self._subscriptions.get(subscription_id) if subscription_id else None
+            if entry is not None:
+                entry[0]._put(Notification(subscription_id or "", updates[index]))
+
+    def _session_ended(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._session = None
+            for future in self._waiting.values():
+                future.set_exception(Unavailable(f"the session with {self.target} ended"))
+            self._waiting.clear()
+            if error is None or self._closed:
+                return
+            _log.warning("session with %s ended (%s); moving on", self.target, error)
+            self._move()
+            live = list(self._subscriptions.values())
+        if live:
+            threading.Thread(target=self._resubscribe, args=(live,), daemon=True).start()
+
+    def _resubscribe(self, live: list[tuple[SubscriptionHandle, pb.SubscriptionSpec]]) -> None:
+        try:
+            ack = self._ask(
+                pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=[s for _h, s in live]))
+            )
+        except SilboError as exc:
+            _log.error("could not subscribe again after moving: %s", exc)
+            for handle, _spec in live:
+                handle._end()
+            return
+        with self._lock:
+            self._handles = dict(zip(ack.handles, ack.ids, strict=True))
+
+    # -- connection -----------------------------------------------------------------------
+
+    def _connect(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        return self._channel
+
+    def _move(self) -> None:
+        """Use the next connection point (the caller holds the lock)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._target = (self._target + 1) % len(self._targets)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInput("the client is closed")
+
+    def close(self) -> None:
+        """Close both streams; live subscriptions end (the cluster drops them)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            streams = [s for s in (self._publish, self._session) if s is not None]
+            subscriptions = [h for h, _s in self._subscriptions.values()]
+        for stream in streams:
+            stream.close()
+        for handle in subscriptions:
+            handle._end()
+        if self._channel is not None:
+            self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The ``silbo`` commands that run and operate a cluster (one module per command family)."""

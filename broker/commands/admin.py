@@ -1,0 +1,180 @@
+"""``silbo admin``: operate a running cluster.
+
+    silbo admin init --matchers N [--timeout S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
+    silbo admin status [--json] [--interval S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
+
+``init`` forms a cluster whose processes were started one by one (``silbo run``; compose/):
+it waits for N matchers to register and writes the first configuration. ``status`` shows
+the processes per layer, the epoch, the subscriptions each matcher holds and rates measured
+over ``--interval`` seconds (each process is asked over its Admin service).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from broker.coordination.client import connect
+from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.formation import form
+from broker.coordination.membership import Member, members
+from broker.errors import InvalidInput, SilboError
+from broker.runtime.options import DEFAULT_CLUSTER
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+
+__all__ = ["cluster_address", "configure", "gather_status", "run_init", "run_status"]
+
+LAYERS = ("connection-point", "access-point", "matcher", "exit-point")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``silbo admin`` and its subcommands."""
+    commands = parser.add_subparsers(dest="admin_command", metavar="COMMAND", required=True)
+    init = commands.add_parser("init", help="form a cluster of separately started processes")
+    _where(init)
+    init.add_argument("--matchers", type=int, required=True, help="matchers to wait for")
+    init.add_argument("--timeout", type=float, default=60.0, help="seconds to wait")
+    init.set_defaults(handler=run_init)
+    status = commands.add_parser("status", help="processes, epoch, subscriptions and rates")
+    _where(status)
+    status.add_argument("--json", action="store_true", help="one JSON object")
+    status.add_argument("--interval", type=float, default=1.0, help="seconds to measure rates")
+    status.set_defaults(handler=run_status)
+
+
+def _where(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default=None, help="a cluster started by silbo up")
+    parser.add_argument("--zk", default=None, help="ZooKeeper HOST:PORT[,...]")
+    parser.add_argument("--cluster", default=None, help=f"cluster name (default {DEFAULT_CLUSTER})")
+
+
+def cluster_address(args: argparse.Namespace) -> tuple[str, str]:
+    """``(zookeeper hosts, cluster name)`` from --zk/--cluster or STATE_DIR/cluster.json."""
+    if args.zk:
+        return args.zk, args.cluster or DEFAULT_CLUSTER
+    path = Path(args.state_dir or ".silbo") / "cluster.json"
+    try:
+        described = json.loads(path.read_text())
+        return described["zookeeper"]["address"], args.cluster or described["cluster"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInput(
+            f"no cluster described in {path} ({exc}); start one with silbo up, "
+            "or name it with --zk HOST:PORT --cluster NAME"
+        ) from exc
+
+
+def run_init(args: argparse.Namespace) -> int:
+    """Form the cluster; prints its configuration."""
+    try:
+        hosts, cluster = cluster_address(args)
+        client = connect(hosts, cluster=cluster, timeout=10.0)
+        try:
+            configuration = form(client, args.matchers, timeout=args.timeout)
+        finally:
+            client.stop()
+            client.close()
+    except SilboError as exc:
+        print(f"silbo admin init: error: {exc}", file=sys.stderr)
+        return 2
+    matchers = ", ".join(configuration.matchers)
+    print(f"cluster {cluster}: epoch {configuration.epoch}, matchers {matchers}")
+    return 0
+
+
+def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, Any]:
+    """The cluster's status as one JSON-able object (see ``silbo admin status --json``)."""
+    client = connect(hosts, cluster=cluster, timeout=10.0)
+    try:
+        found = members(client)
+        current = ClusterConfiguration(client).read()
+    finally:
+        client.stop()
+        client.close()
+    first = _ask_all(found)
+    started = time.monotonic()
+    if interval > 0:
+        time.sleep(interval)
+    second = _ask_all(found) if interval > 0 else first
+    elapsed = max(time.monotonic() - started, 1e-9)
+    processes = []
+    for member in found:
+        before, after = first.get(member.name), second.get(member.name)
+        entry: dict[str, Any] = {
+            "role": member.role,
+            "name": member.name,
+            "address": member.address,
+            "pid": member.pid,
+            "metrics": member.metrics,
+            "reachable": after is not None,
+        }
+        if after is not None:
+            entry["epoch"] = after.epoch
+            entry["subscriptions"] = after.subscriptions
+            entry["counters"] = dict(after.counters)
+            if before is not None and interval > 0:
+                entry["rates"] = {
+                    key: round((value - before.counters.get(key, 0.0)) / elapsed, 1)
+                    for key, value in after.counters.items()
+                    if key.startswith("items_")
+                }
+        processes.append(entry)
+    configuration = current.configuration if current else None
+    return {
+        "cluster": cluster,
+        "zookeeper": hosts,
+        "epoch": configuration.epoch if configuration else None,
+        "matchers": list(configuration.matchers) if configuration else [],
+        "layers": {layer: sum(1 for p in processes if p["role"] == layer) for layer in LAYERS},
+        "processes": processes,
+    }
+
+
+def _ask_all(found: Sequence[Member]) -> dict[str, wire.ProcessStatus]:
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(_ask, found))
+    return {m.name: a for m, a in zip(found, answers, strict=True) if a is not None}
+
+
+def _ask(member: Member) -> wire.ProcessStatus | None:
+    try:
+        with grpc.insecure_channel(member.address) as channel:
+            stub = wire_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+            status: wire.ProcessStatus = stub.Status(wire.StatusRequest(), timeout=2.0)
+            return status
+    except grpc.RpcError:
+        return None
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """Print the cluster's status (a table, or JSON)."""
+    try:
+        hosts, cluster = cluster_address(args)
+        status = gather_status(hosts, cluster, args.interval)
+    except SilboError as exc:
+        print(f"silbo admin status: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    layers = ", ".join(f"{n} {layer}" for layer, n in status["layers"].items())
+    print(f"cluster {status['cluster']} (ZooKeeper {status['zookeeper']}): epoch {status['epoch']}")
+    print(f"processes: {layers}")
+    print(f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8}  rates/s")
+    for p in status["processes"]:
+        rates = ", ".join(
+            f"{k.split(':', 1)[-1]} {v:g}" for k, v in p.get("rates", {}).items() if v
+        )
+        subs = str(p.get("subscriptions", "")) if p["role"] == "matcher" else ""
+        state = "" if p["reachable"] else "  (not answering)"
+        row = f"{p['role']:<17} {p['name']:<52} {p['address']:<22} {p['pid']:>7} {subs:>8}"
+        print(f"{row}  {rates or '-'}{state}")
+    return 0

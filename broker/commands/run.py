@@ -1,0 +1,72 @@
+"""``silbo run ROLE``: run one broker process in the foreground (what compose/ uses).
+
+    silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
+        [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
+        [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
+
+It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
+port in use, bad options) are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+
+from broker.errors import SilboError
+from broker.roles.access_point import AccessPoint
+from broker.roles.connection_point import ConnectionPoint
+from broker.roles.exit_point import ExitPoint
+from broker.roles.matcher import Matcher
+from broker.runtime.options import DEFAULT_CLUSTER, ProcessOptions, Role
+from broker.runtime.process import RoleService, run_process
+
+__all__ = ["ROLES", "configure", "run"]
+
+ROLES: dict[Role, Callable[[], RoleService]] = {
+    Role.CONNECTION_POINT: ConnectionPoint,
+    Role.ACCESS_POINT: AccessPoint,
+    Role.MATCHER: Matcher,
+    Role.EXIT_POINT: ExitPoint,
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``silbo run``."""
+    parser.add_argument("role", choices=[r.value for r in Role], help="the layer to run")
+    parser.add_argument("--zk", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...]")
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
+    parser.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0: any)")
+    parser.add_argument("--advertise", default="", help="address peers use (default: --listen)")
+    parser.add_argument(
+        "--metrics-listen", default="127.0.0.1:0", help="Prometheus endpoint ('' for none)"
+    )
+    parser.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to reach ZooKeeper")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the process until it is stopped; 0 after a clean stop, 2 on a user error."""
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    try:
+        options = ProcessOptions(
+            role=Role(args.role),
+            zk=args.zk,
+            cluster=args.cluster,
+            listen=args.listen,
+            advertise=args.advertise,
+            metrics_listen=args.metrics_listen,
+            zk_timeout=args.zk_timeout,
+        )
+        return run_process(options, ROLES[options.role])
+    except SilboError as exc:
+        print(f"silbo run {args.role}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,1 @@
+"""The four layers as process roles. Each module is one role; none imports another."""

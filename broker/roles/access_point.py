@@ -1,0 +1,311 @@
+"""The access point: stateless routing from connection points to matchers.
+
+Each connection point holds one ``AccessPoint.Route`` stream to it. On that stream:
+
+- ``Updates`` are numbered (this access point's sequence, one counter for all its inbound
+  streams), tagged with the configuration epoch and, per update, the exit point that will
+  gather its partial results (a hash of the publisher over the live exit points, so one
+  publisher's updates meet at one exit point and stay in order); then the message is
+  serialized once and sent to every matcher of the configuration.
+- ``Subscriptions`` and ``Unsubscriptions`` are split by owner (the configuration's
+  selector) and sent to those matchers only. When every owner has acknowledged, one
+  ``RequestAck`` goes back on the connection point's stream.
+
+Numbering and sending happen under one lock, so every matcher's channel carries this access
+point's messages in sequence order: the exit points' watermarks depend on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from broker.coordination.configuration import Configuration
+from broker.runtime.link import Link, LinkState
+from broker.runtime.peers import ConfigurationView, Peers
+from broker.runtime.process import ProcessContext
+from broker.wire import client_pb2 as pb
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+
+__all__ = ["AccessPoint"]
+
+_log = logging.getLogger(__name__)
+
+_MATCH = "/broker.wire.Matcher/Match"
+READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
+
+
+@dataclass(eq=False)
+class _Request:
+    replies: asyncio.Queue[wire.RequestAck | None]
+    request: int  # the connection point's number
+    waiting: set[str]  # matchers yet to acknowledge
+    ids: list[str] = field(default_factory=list)
+    error: pb.Error | None = None
+
+
+class AccessPoint(wire_grpc.AccessPointServicer):
+    """The access point role (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._context: ProcessContext | None = None
+        self._config: ConfigurationView | None = None
+        self._matchers: Peers | None = None
+        self._exits: Peers | None = None
+        self._links: dict[str, Link] = {}  # matcher name -> link
+        self._lock = asyncio.Lock()
+        self._next_seq = 1
+        self._numbers = itertools.count(1)
+        self._requests: dict[int, _Request] = {}
+        self._exit_of: dict[str, int] = {}  # publisher -> exit point sequence (cache)
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        wire_grpc.add_AccessPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+    async def start(self, context: ProcessContext) -> None:
+        self._context = context
+        self._config = ConfigurationView(context.zk, context.loop)
+        self._matchers = Peers(context.zk, "matcher", context.loop)
+        self._exits = Peers(context.zk, "exit-point", context.loop)
+        self._config.on_change(self._sync_links)
+        self._matchers.on_change(self._sync_links)
+        self._exits.on_change(self._exit_of.clear)
+        self._sync_links()
+
+    async def stop(self) -> None:
+        for watched in (self._config, self._matchers, self._exits):
+            if watched is not None:
+                watched.stop()
+        await asyncio.gather(*(link.close() for link in self._links.values()))
+
+    def status(self) -> tuple[int, int]:
+        current = self._config.current if self._config else None
+        return (current.epoch if current else 0), 0
+
+    # -- the inbound stream of one connection point -------------------------------------
+
+    async def Route(
+        self,
+        request_iterator: AsyncIterator[wire.Batch],
+        context: grpc.aio.ServicerContext[wire.Batch, wire.RequestAck],
+    ) -> AsyncIterator[wire.RequestAck]:
+        replies: asyncio.Queue[wire.RequestAck | None] = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(self._read(request_iterator, replies))
+        try:
+            while True:
+                reply = await replies.get()
+                if reply is None:
+                    break
+                yield reply
+        finally:
+            reader.cancel()
+
+    async def _read(
+        self,
+        request_iterator: AsyncIterator[wire.Batch],
+        replies: asyncio.Queue[wire.RequestAck | None],
+    ) -> None:
+        ctx = self._ctx()
+        received = ctx.metrics.messages_in.labels(stream="Route")
+        try:
+            async for batch in request_iterator:
+                received.inc()
+                body = batch.WhichOneof("body")
+                try:
+                    if body == "updates":
+                        await self._route_updates(batch)
+                    elif body == "subscriptions":
+                        await self._route_subscriptions(batch.subscriptions, replies)
+                    elif body == "unsubscriptions":
+                        await self._route_unsubscriptions(batch.unsubscriptions, replies)
+                except _NotReady as exc:
+                    self._refuse(batch, str(exc), replies)
+        except asyncio.CancelledError:
+            pass
+        except grpc.aio.AioRpcError as exc:
+            _log.info("a connection point's stream ended: %s", exc.code())
+        finally:
+            replies.put_nowait(None)
+
+    async def _route_updates(self, batch: wire.Batch) -> None:
+        ctx = self._ctx()
+        updates = batch.updates
+        count = len(updates.entities)
+        async with self._lock:
+            configuration = await self._ready()
+            updates.first_seq = self._next_seq
+            updates.epoch = configuration.epoch
+            updates.exit_points[:] = [self._exit_point(p) for p in updates.publishers]
+            self._next_seq += count
+            payload = batch.SerializeToString()
+            for name in configuration.matchers:
+                await self._send(name, payload)
+        ctx.metrics.items_in.labels(kind="update").inc(count)
+        ctx.metrics.batch_size.labels(stream="Route").observe(count)
+
+    async def _route_subscriptions(
+        self, subscriptions: wire.Subscriptions, replies: asyncio.Queue[wire.RequestAck | None]
+    ) -> None:
+        async with self._lock:
+            configuration = await self._ready()
+            owners = configuration.selector.owners_of([p.id for p in subscriptions.placements])
+            parts: dict[str, list[wire.Placement]] = {}
+            for placement, owner in zip(subscriptions.placements, owners, strict=True):
+                parts.setdefault(owner, []).append(placement)
+            number = self._open(subscriptions.request, replies, set(parts))
+            for owner, placements in parts.items():
+                message = wire.Batch(
+                    subscriptions=wire.Subscriptions(request=number, placements=placements)
+                )
+                await self._send(owner, message.SerializeToString())
+
+    async def _route_unsubscriptions(
+        self, unsubscriptions: wire.Unsubscriptions, replies: asyncio.Queue[wire.RequestAck | None]
+    ) -> None:
+        async with self._lock:
+            configuration = await self._ready()
+            owners = configuration.selector.owners_of(list(unsubscriptions.ids))
+            parts: dict[str, list[str]] = {}
+            for subscription_id, owner in zip(unsubscriptions.ids, owners, strict=True):
+                parts.setdefault(owner, []).append(subscription_id)
+            number = self._open(unsubscriptions.request, replies, set(parts))
+            for owner, ids in parts.items():
+                message = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=number, ids=ids))
+                await self._send(owner, message.SerializeToString())
+
+    def _refuse(
+        self, batch: wire.Batch, reason: str, replies: asyncio.Queue[wire.RequestAck | None]
+    ) -> None:
+        body = batch.WhichOneof("body")
+        self._ctx().metrics.items_out.labels(kind=f"refused_{body}").inc()
+        _log.error("refusing %s from a connection point: %s", body, reason)
+        request = (
+            getattr(batch, body).request if body in ("subscriptions", "unsubscriptions") else 0
+        )
+        if request:
+            error = pb.Error(code="UNAVAILABLE", message=f"the cluster is not ready: {reason}")
+            replies.put_nowait(wire.RequestAck(request=request, error=error))
+
+    # -- acknowledgements -----------------------------------------------------------------
+
+    def _open(
+        self, request: int, replies: asyncio.Queue[wire.RequestAck | None], owners: set[str]
+    ) -> int:
+        number = next(self._numbers)
+        if request:  # request 0 asks for no answer (a session's clean-up)
+            self._requests[number] = _Request(replies, request, owners)
+        return number
+
+    def _acknowledged(self, matcher: str, data: bytes) -> None:
+        ack = wire.RequestAck.FromString(data)
+        pending = self._requests.get(ack.request)
+        if pending is None:
+            return
+        pending.waiting.discard(matcher)
+        pending.ids.extend(ack.ids)
+        if ack.HasField("error") and ack.error.code and pending.error is None:
+            pending.error = ack.error
+        if pending.waiting:
+            return
+        del self._requests[ack.request]
+        reply = wire.RequestAck(request=pending.request, ids=pending.ids)
+        if pending.error is not None:
+            reply.error.CopyFrom(pending.error)
+        pending.replies.put_nowait(reply)
+
+    def _matcher_failed(self, link: Link, exc: BaseException) -> None:
+        error = pb.Error(code="UNAVAILABLE", message=f"matcher {link.peer} went away: {exc}")
+        for number, pending in list(self._requests.items()):
+            if link.peer in pending.waiting:
+                pending.error = pending.error or error
+                pending.waiting.discard(link.peer)
+                if not pending.waiting:
+                    del self._requests[number]
+                    reply = wire.RequestAck(request=pending.request, error=pending.error)
+                    pending.replies.put_nowait(reply)
+        self._links.pop(link.peer, None)
+
+    # -- matchers and exit points ---------------------------------------------------------
+
+    async def _ready(self) -> Configuration:
+        """The current configuration, once its matchers are linked and an exit point lives."""
+        assert self._config is not None and self._exits is not None
+
+        def ready() -> bool:
+            current = self._config.current if self._config else None
+            return (
+                current is not None
+                and all(self._linked(name) for name in current.matchers)
+                and bool(self._exits and self._exits.members)
+            )
+
+        if not ready():
+            self._sync_links()
+            waited = await self._config.wait_until(ready, READY_WAIT)
+            if not waited:
+                waited = await self._matchers.wait_until(ready, 0.1) if self._matchers else False
+            if not waited:
+                raise _NotReady("no configuration, matcher or exit point ready")
+        current = self._config.current
+        assert current is not None
+        return current
+
+    def _linked(self, name: str) -> bool:
+        link = self._links.get(name)
+        return link is not None and link.state is LinkState.OPEN
+
+    def _sync_links(self) -> None:
+        if self._config is None or self._matchers is None:
+            return
+        ctx = self._ctx()
+        current = self._config.current
+        wanted = set(current.matchers) if current else set()
+        for name in wanted:
+            member = self._matchers.by_name.get(name)
+            if member is None or self._linked(name):
+                continue
+            link = Link(
+                name,
+                member.address,
+                _MATCH,
+                ctx.hello(),
+                metrics=ctx.metrics,
+                streaming_response=True,
+                on_response=functools.partial(self._acknowledged, name),
+                on_failure=self._matcher_failed,
+            )
+            self._links[name] = link
+            link.start()
+        for name in set(self._links) - wanted:
+            link = self._links.pop(name)
+            ctx.loop.create_task(link.close())
+
+    async def _send(self, matcher: str, payload: bytes) -> None:
+        link = self._links.get(matcher)
+        if link is None or not await link.send(payload):
+            _log.error("matcher %s is not reachable; a message to it is dropped", matcher)
+
+    def _exit_point(self, publisher: str) -> int:
+        found = self._exit_of.get(publisher)
+        if found is None:
+            assert self._exits is not None
+            members = self._exits.members
+            found = members[zlib.crc32(publisher.encode()) % len(members)].sequence
+            self._exit_of[publisher] = found
+        return found
+
+    def _ctx(self) -> ProcessContext:
+        assert self._context is not None, "the role has not started"
+        return self._context
+
+
+class _NotReady(Exception):
+    """The cluster has no configuration, or its matchers or exit points are not reachable."""

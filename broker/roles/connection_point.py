@@ -1,0 +1,395 @@
+"""The connection point: client sessions in, final notifications out.
+
+Publishers stream batches of entities (``ConnectionPoint.Publish``): each batch is validated
+whole (an invalid entity refuses the batch with INVALID_ARGUMENT in its ack, and the stream
+stays up), normalised, and forwarded to this connection point's access point as one
+``Updates`` message. Subscribers hold a ``Session`` stream: their (un)subscriptions travel
+to the access point, and are acknowledged once the owner matcher holds them; notifications
+arrive from the exit points (``Delivery.Deliver``) addressed by subscription handle and are
+put on the session's stream. A session ending (the client went away) unsubscribes all its
+subscriptions, so nothing leaks. A session whose client reads too slowly is ended with
+RESOURCE_EXHAUSTED once its queue is full, so it cannot hold the others back.
+
+The access point is chosen among the live ones by a hash of this process's name, and
+chosen again when it leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from broker.errors import (
+    InvalidInput,
+    InvalidUpdate,
+    NotFound,
+    SilboError,
+    Unavailable,
+    mapping_for,
+)
+from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
+from broker.runtime.link import Link, LinkState
+from broker.runtime.peers import Peers
+from broker.runtime.process import ProcessContext
+from broker.serialization import pack_subscription, packb
+from broker.wire import client_pb2 as pb
+from broker.wire import client_pb2_grpc as pb_grpc
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+from broker.wire.convert import normalize_entity, subscription_from_spec
+
+__all__ = ["MAX_BATCH_ENTITIES", "ConnectionPoint"]
+
+_log = logging.getLogger(__name__)
+
+MAX_BATCH_ENTITIES = 10_000
+SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
+ACCESS_POINT_WAIT = 15.0  # seconds to wait for an access point before refusing
+REQUEST_TIMEOUT = 30.0
+_ROUTE = "/broker.wire.AccessPoint/Route"
+
+
+@dataclass(eq=False)
+class _Session:
+    number: int
+    events: asyncio.Queue[pb.SessionEvent | None] = field(
+        default_factory=lambda: asyncio.Queue(SESSION_QUEUE)
+    )
+    subscriptions: dict[str, int] = field(default_factory=dict)  # id -> handle
+    next_number: int = 0
+    failure: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def _error(exc: SilboError) -> pb.Error:
+    return pb.Error(code=mapping_for(exc).grpc_status, message=str(exc))
+
+
+class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryServicer):
+    """The connection point role (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._context: ProcessContext | None = None
+        self._access_points: Peers | None = None
+        self._link: Link | None = None
+        self._sessions: dict[int, _Session] = {}
+        self._session_numbers = itertools.count(1)
+        self._publishers = itertools.count(1)
+        self._requests = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[wire.RequestAck]] = {}
+        self._number = 0
+
+    # -- the role's life ----------------------------------------------------------------
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_ConnectionPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        wire_grpc.add_DeliveryServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+    async def start(self, context: ProcessContext) -> None:
+        self._context = context
+        self._number = context.member.sequence
+        if self._number > MAX_CONNECTION_POINT:
+            raise InvalidInput(
+                f"connection point number {self._number} is over {MAX_CONNECTION_POINT}: "
+                "this cluster has registered too many; start a fresh cluster name"
+            )
+        self._access_points = Peers(context.zk, "access-point", context.loop)
+        self._access_points.on_change(self._choose_access_point)
+        self._choose_access_point()
+
+    async def stop(self) -> None:
+        for session in list(self._sessions.values()):
+            session.code = grpc.StatusCode.UNAVAILABLE
+            self._end(session, "the connection point is stopping")
+        if self._access_points is not None:
+            self._access_points.stop()
+        if self._link is not None:
+            await self._link.close()
+
+    def status(self) -> tuple[int, int]:
+        return 0, sum(len(s.subscriptions) for s in self._sessions.values())
+
+    # -- publishing -----------------------------------------------------------------------
+
+    async def Publish(
+        self,
+        request_iterator: AsyncIterator[pb.PublishRequest],
+        context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishAck],
+    ) -> AsyncIterator[pb.PublishAck]:
+        ctx = self._ctx()
+        default_publisher = f"{ctx.name}/{next(self._publishers)}"
+        received = ctx.metrics.items_in.labels(kind="update")
+        async for request in request_iterator:
+            ctx.metrics.messages_in.labels(stream="Publish").inc()
+            try:
+                payload, count = self._updates(request, default_publisher)
+                link = await self._access_point()
+                if not await link.send(payload):
+                    raise Unavailable("the access point went away; publish again")
+            except SilboError as exc:
+                yield pb.PublishAck(batch=request.batch, error=_error(exc))
+                continue
+            received.inc(count)
+            ctx.metrics.batch_size.labels(stream="Publish").observe(count)
+            yield pb.PublishAck(batch=request.batch, accepted=count)
+
+    def _updates(self, request: pb.PublishRequest, default_publisher: str) -> tuple[bytes, int]:
+        count = len(request.entities)
+        if count > MAX_BATCH_ENTITIES:
+            raise InvalidUpdate(
+                f"a batch holds at most {MAX_BATCH_ENTITIES} entities, this one {count}"
+            )
+        publisher = request.publisher or default_publisher
+        objs = []
+        for i, entity in enumerate(request.entities):
+            try:
+                objs.append(normalize_entity(entity))
+            except InvalidInput as exc:
+                raise type(exc)(f"entity {i} ({entity.id!r}): {exc}") from exc
+        first = request.first_sequence
+        updates = wire.Updates(
+            entities=[entity.SerializeToString() for entity in request.entities],
+            publishers=[publisher] * count,
+            sequences=range(first, first + count),
+            matchable=packb(objs),
+        )
+        return wire.Batch(updates=updates).SerializeToString(), count
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def Session(
+        self,
+        request_iterator: AsyncIterator[pb.SessionRequest],
+        context: grpc.aio.ServicerContext[pb.SessionRequest, pb.SessionEvent],
+    ) -> AsyncIterator[pb.SessionEvent]:
+        session = _Session(next(self._session_numbers) & ((1 << 24) - 1))
+        self._sessions[session.number] = session
+        reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
+        try:
+            while True:
+                event = await session.events.get()
+                if event is None:
+                    break
+                yield event
+        finally:
+            reader.cancel()
+            self._sessions.pop(session.number, None)
+            self._forget(session)
+        if session.failure:
+            await context.abort(session.code, session.failure)
+
+    async def _read(
+        self, session: _Session, request_iterator: AsyncIterator[pb.SessionRequest]
+    ) -> None:
+        try:
+            async for request in request_iterator:
+                ack = await self._serve(session, request)
+                await session.events.put(pb.SessionEvent(ack=ack))
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            pass
+        finally:
+            self._end(session, "")
+
+    async def _serve(self, session: _Session, request: pb.SessionRequest) -> pb.SessionAck:
+        try:
+            op = request.WhichOneof("op")
+            if op == "subscribe":
+                return await self._subscribe(session, request.request, request.subscribe)
+            if op == "unsubscribe":
+                return await self._unsubscribe(session, request.request, request.unsubscribe)
+            raise InvalidInput("a session request needs subscribe or unsubscribe")
+        except SilboError as exc:
+            return pb.SessionAck(request=request.request, error=_error(exc))
+
+    async def _subscribe(
+        self, session: _Session, request: int, subscribe: pb.Subscribe
+    ) -> pb.SessionAck:
+        placements = []
+        ids: list[str] = []
+        handles: list[int] = []
+        for i, spec in enumerate(subscribe.subscriptions):
+            subscription_id = spec.id or uuid.uuid4().hex[:24]
+            if subscription_id in ids:
+                raise InvalidInput(f"subscription {i}: id {subscription_id!r} is given twice")
+            handle = make_handle(self._number, session.number, session.next_number + i)
+            try:
+                subscription = subscription_from_spec(
+                    spec, id=subscription_id, subscriber=f"{handle:016x}"
+                )
+            except InvalidInput as exc:
+                raise type(exc)(f"subscription {i}: {exc}") from exc
+            placements.append(
+                wire.Placement(
+                    handle=handle, subscription=pack_subscription(subscription), id=subscription_id
+                )
+            )
+            ids.append(subscription_id)
+            handles.append(handle)
+        if not placements:
+            raise InvalidInput("subscribe needs at least one subscription")
+        session.next_number += len(placements)
+        ack = await self._request(
+            lambda number: wire.Batch(
+                subscriptions=wire.Subscriptions(request=number, placements=placements)
+            )
+        )
+        if ack.HasField("error") and ack.error.code:
+            self._unsubscribe_quietly(list(ack.ids))  # the owners that took theirs undo it
+            return pb.SessionAck(request=request, error=ack.error)
+        session.subscriptions.update(zip(ids, handles, strict=True))
+        return pb.SessionAck(request=request, ids=ids, handles=handles)
+
+    async def _unsubscribe(
+        self, session: _Session, request: int, unsubscribe: pb.Unsubscribe
+    ) -> pb.SessionAck:
+        ids = list(unsubscribe.ids)
+        unknown = [i for i in ids if i not in session.subscriptions]
+        if unknown:
+            raise NotFound(f"this session holds no subscription {unknown[0]!r}")
+        if not ids:
+            raise InvalidInput("unsubscribe needs at least one subscription id")
+        ack = await self._request(
+            lambda number: wire.Batch(unsubscriptions=wire.Unsubscriptions(request=number, ids=ids))
+        )
+        if ack.HasField("error") and ack.error.code:
+            return pb.SessionAck(request=request, error=ack.error)
+        handles = [session.subscriptions.pop(i) for i in ids]
+        return pb.SessionAck(request=request, ids=ids, handles=handles)
+
+    async def _request(self, build: object) -> wire.RequestAck:
+        assert callable(build)
+        number = next(self._requests)
+        future: asyncio.Future[wire.RequestAck] = asyncio.get_running_loop().create_future()
+        self._pending[number] = future
+        try:
+            link = await self._access_point()
+            if not await link.send(build(number).SerializeToString()):
+                raise Unavailable("the access point went away; try again")
+            return await asyncio.wait_for(future, REQUEST_TIMEOUT)
+        except TimeoutError:
+            raise Unavailable(
+                f"no acknowledgement from the cluster within {REQUEST_TIMEOUT:.0f} s"
+            ) from None
+        finally:
+            self._pending.pop(number, None)
+
+    def _end(self, session: _Session, failure: str) -> None:
+        if session.failure or session.number not in self._sessions:
+            return
+        session.failure = failure
+        while not session.events.empty():
+            session.events.get_nowait()
+        session.events.put_nowait(None)
+
+    def _forget(self, session: _Session) -> None:
+        """Unsubscribe everything a finished session held (nobody is listening any more)."""
+        ids = list(session.subscriptions)
+        session.subscriptions.clear()
+        self._unsubscribe_quietly(ids)
+
+    def _unsubscribe_quietly(self, ids: list[str]) -> None:
+        """Unsubscribe without waiting for (or wanting) an acknowledgement."""
+        if not ids or self._link is None:
+            return
+        batch = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=0, ids=ids))
+        asyncio.get_running_loop().create_task(self._link.send(batch.SerializeToString()))
+
+    # -- deliveries from the exit points ------------------------------------------------
+
+    async def Deliver(
+        self,
+        request_iterator: AsyncIterator[wire.Handoff],
+        context: grpc.aio.ServicerContext[wire.Handoff, wire.Empty],
+    ) -> wire.Empty:
+        ctx = self._ctx()
+        received = ctx.metrics.messages_in.labels(stream="Deliver")
+        async for handoff in request_iterator:
+            received.inc()
+            if handoff.WhichOneof("body") == "deliveries":
+                self._deliver(handoff.deliveries)
+        return wire.Empty()
+
+    def _deliver(self, deliveries: wire.Deliveries) -> None:
+        handles = np.frombuffer(deliveries.handles, dtype="<u8")
+        entity_index = np.asarray(deliveries.entity_index, dtype=np.int64)
+        sessions = sessions_of(handles)
+        delivered = self._ctx().metrics.items_out.labels(kind="notification")
+        for number in np.unique(sessions).tolist():
+            session = self._sessions.get(int(number))
+            if session is None or session.failure:
+                continue  # the subscriber is gone; its unsubscriptions are on their way
+            chosen = sessions == number
+            used, index = np.unique(entity_index[chosen], return_inverse=True)
+            batch = pb.NotificationBatch(
+                publishers=[deliveries.publishers[i] for i in used.tolist()],
+                sequences=[deliveries.sequences[i] for i in used.tolist()],
+                entity_index=index.tolist(),
+                handles=handles[chosen].tolist(),
+            )
+            for i in used.tolist():
+                batch.entities.add().MergeFromString(deliveries.entities[i])
+            try:
+                session.events.put_nowait(pb.SessionEvent(notifications=batch))
+            except asyncio.QueueFull:
+                self._end(session, "the subscriber reads too slowly; its session was ended")
+                continue
+            delivered.inc(int(chosen.sum()))
+
+    # -- the access point -----------------------------------------------------------------
+
+    def _choose_access_point(self) -> None:
+        assert self._access_points is not None
+        members = self._access_points.members
+        link = self._link
+        if (
+            link is not None
+            and link.state is LinkState.OPEN
+            and link.peer in self._access_points.by_name
+        ):
+            return
+        if not members:
+            return
+        ctx = self._ctx()
+        target = members[zlib.crc32(ctx.name.encode()) % len(members)]
+        self._link = Link(
+            target.name,
+            target.address,
+            _ROUTE,
+            ctx.hello(),
+            metrics=ctx.metrics,
+            streaming_response=True,
+            on_response=self._acknowledged,
+            on_failure=lambda _link, _exc: self._choose_access_point(),
+        )
+        self._link.start()
+
+    async def _access_point(self) -> Link:
+        assert self._access_points is not None
+
+        def ready() -> bool:
+            return self._link is not None and self._link.state is LinkState.OPEN
+
+        if not ready():
+            self._choose_access_point()
+            if not await self._access_points.wait_until(ready, ACCESS_POINT_WAIT):
+                raise Unavailable(f"no access point reachable within {ACCESS_POINT_WAIT:.0f} s")
+        assert self._link is not None
+        return self._link
+
+    def _acknowledged(self, data: bytes) -> None:
+        ack = wire.RequestAck.FromString(data)
+        future = self._pending.get(ack.request)
+        if future is not None and not future.done():
+            future.set_result(ack)
+
+    def _ctx(self) -> ProcessContext:
+        assert self._context is not None, "the role has not started"
+        return self._context

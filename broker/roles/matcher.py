@@ -1,0 +1,226 @@
+"""The matcher: one partition of the subscriptions, matched against every update.
+
+Each access point holds one ``Matcher.Match`` stream to it, on which, in order:
+
+- ``Subscriptions`` / ``Unsubscriptions`` change the engine (an id already held is refused
+  with ALREADY_EXISTS, an unknown one with NOT_FOUND) and are acknowledged on the same
+  stream once applied;
+- ``Updates`` are decoded from their matchable form (validated once, by the connection
+  point), matched as one batch, and the result is sent to every exit point as a
+  ``Partial``: the matched items of the updates that exit point gathers (subscription
+  handles, not ids) and, for all of them, the watermark ``last_seq``. An exit point that
+  gathers none of the batch's updates still gets the (empty) partial, which is how it knows
+  this matcher has nothing for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
+from broker.matching import Engine
+from broker.runtime.link import Link, LinkState
+from broker.runtime.peers import ConfigurationView, Peers
+from broker.runtime.process import ProcessContext
+from broker.serialization import unpack_subscription, unpackb
+from broker.wire import client_pb2 as pb
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+from broker.wire.convert import trusted_update_from_obj
+
+__all__ = ["Matcher"]
+
+_log = logging.getLogger(__name__)
+
+_COLLECT = "/broker.wire.ExitPoint/Collect"
+EXIT_WAIT = 30.0
+
+
+class Matcher(wire_grpc.MatcherServicer):
+    """The matcher role (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._context: ProcessContext | None = None
+        self._engine = Engine()
+        self._handles: npt.NDArray[np.uint64] = np.zeros(1024, dtype=np.uint64)
+        self._handle_of: dict[str, int] = {}
+        self._exits: Peers | None = None
+        self._config: ConfigurationView | None = None
+        self._links: dict[int, Link] = {}  # exit point sequence -> link
+        self._lock = asyncio.Lock()
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        wire_grpc.add_MatcherServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+    async def start(self, context: ProcessContext) -> None:
+        self._context = context
+        self._config = ConfigurationView(context.zk, context.loop)
+        self._exits = Peers(context.zk, "exit-point", context.loop)
+        self._exits.on_change(self._sync_links)
+        self._sync_links()
+
+    async def stop(self) -> None:
+        for watched in (self._config, self._exits):
+            if watched is not None:
+                watched.stop()
+        await asyncio.gather(*(link.close() for link in self._links.values()))
+
+    def status(self) -> tuple[int, int]:
+        current = self._config.current if self._config else None
+        return (current.epoch if current else 0), len(self._engine)
+
+    # -- the inbound stream of one access point -----------------------------------------
+
+    async def Match(
+        self,
+        request_iterator: AsyncIterator[wire.Batch],
+        context: grpc.aio.ServicerContext[wire.Batch, wire.RequestAck],
+    ) -> AsyncIterator[wire.RequestAck]:
+        ctx = self._ctx()
+        received = ctx.metrics.messages_in.labels(stream="Match")
+        sender = ""
+        async for batch in request_iterator:
+            received.inc()
+            body = batch.WhichOneof("body")
+            if body == "hello":
+                sender = batch.hello.sender
+            elif body == "updates":
+                async with self._lock:
+                    await self._match(sender, batch.updates)
+            elif body == "subscriptions":
+                yield self._subscribe(batch.subscriptions)
+            elif body == "unsubscriptions":
+                yield self._unsubscribe(batch.unsubscriptions)
+
+    def _subscribe(self, subscriptions: wire.Subscriptions) -> wire.RequestAck:
+        ids = []
+        try:
+            decoded = [
+                (p.handle, unpack_subscription(p.subscription)) for p in subscriptions.placements
+            ]
+            for _handle, subscription in decoded:
+                if subscription.id in self._engine:
+                    raise AlreadyExists(f"subscription id {subscription.id!r} is taken")
+            for handle, subscription in decoded:
+                self._engine.add(subscription)
+                self._remember(subscription.id, handle)
+                ids.append(subscription.id)
+        except SilboError as exc:
+            return self._refusal(subscriptions.request, exc)
+        self._ctx().metrics.subscriptions.set(len(self._engine))
+        return wire.RequestAck(request=subscriptions.request, ids=ids)
+
+    def _unsubscribe(self, unsubscriptions: wire.Unsubscriptions) -> wire.RequestAck:
+        missing = [i for i in unsubscriptions.ids if i not in self._engine]
+        for subscription_id in unsubscriptions.ids:
+            if subscription_id in self._engine:
+                self._engine.remove(subscription_id)
+                self._handle_of.pop(subscription_id, None)
+        self._ctx().metrics.subscriptions.set(len(self._engine))
+        if missing:
+            return self._refusal(
+                unsubscriptions.request, NotFound(f"no subscription {missing[0]!r}")
+            )
+        return wire.RequestAck(request=unsubscriptions.request, ids=list(unsubscriptions.ids))
+
+    @staticmethod
+    def _refusal(request: int, exc: SilboError) -> wire.RequestAck:
+        error = pb.Error(code=mapping_for(exc).grpc_status, message=str(exc))
+        return wire.RequestAck(request=request, error=error)
+
+    def _remember(self, subscription_id: str, handle: int) -> None:
+        self._handle_of[subscription_id] = handle
+        slot = self._engine.slot_of(subscription_id)
+        if slot is None:
+            return
+        if slot >= len(self._handles):
+            grown = np.zeros(max(slot + 1, 2 * len(self._handles)), dtype=np.uint64)
+            grown[: len(self._handles)] = self._handles
+            self._handles = grown
+        self._handles[slot] = handle
+
+    # -- matching -----------------------------------------------------------------------
+
+    async def _match(self, access_point: str, updates: wire.Updates) -> None:
+        ctx = self._ctx()
+        started = time.perf_counter()
+        objs = unpackb(updates.matchable)
+        batch = [trusted_update_from_obj(obj) for obj in objs]
+        results = self._engine.match_batch_slots(batch)
+        count = len(batch)
+        partials: dict[int, wire.Partial] = {}
+        handle_runs: dict[int, list[npt.NDArray[np.uint64]]] = {}
+        exit_points = updates.exit_points
+        matched = 0
+        for i, slots in enumerate(results):
+            if not len(slots):
+                continue
+            target = exit_points[i]
+            partial = partials.get(target)
+            if partial is None:
+                partial = partials[target] = wire.Partial()
+                handle_runs[target] = []
+            partial.items.append(i)
+            partial.entities.append(updates.entities[i])
+            partial.publishers.append(updates.publishers[i])
+            partial.sequences.append(updates.sequences[i])
+            partial.counts.append(len(slots))
+            handle_runs[target].append(self._handles[slots])
+            matched += len(slots)
+        ctx.metrics.stage_seconds.labels(stage="match").observe(time.perf_counter() - started)
+        ctx.metrics.items_in.labels(kind="update").inc(count)
+        ctx.metrics.items_out.labels(kind="match").inc(matched)
+        await self._await_exit_points(set(partials))
+        last = updates.first_seq + count - 1
+        for sequence, link in list(self._links.items()):
+            partial = partials.get(sequence) or wire.Partial()
+            partial.access_point = access_point
+            partial.first_seq = updates.first_seq
+            partial.last_seq = last
+            partial.epoch = updates.epoch
+            runs = handle_runs.get(sequence)
+            if runs:
+                partial.handles = np.concatenate(runs).astype("<u8").tobytes()
+            await link.send(wire.Gather(partial=partial).SerializeToString())
+
+    async def _await_exit_points(self, wanted: set[int]) -> None:
+        assert self._exits is not None
+        if wanted <= self._links.keys():
+            return
+        self._sync_links()
+        if not await self._exits.wait_until(lambda: wanted <= self._links.keys(), EXIT_WAIT):
+            _log.error("exit points %s never appeared; their results are dropped", wanted)
+
+    def _sync_links(self) -> None:
+        if self._exits is None:
+            return
+        ctx = self._ctx()
+        hello = wire.Gather(hello=wire.Hello(sender=ctx.name, role="matcher"))
+        for member in self._exits.members:
+            link = self._links.get(member.sequence)
+            if link is not None and link.state is LinkState.OPEN:
+                continue
+            link = Link(
+                member.name,
+                member.address,
+                _COLLECT,
+                hello.SerializeToString(),
+                metrics=ctx.metrics,
+                streaming_response=False,
+            )
+            self._links[member.sequence] = link
+            link.start()
+        gone = set(self._links) - set(self._exits.by_sequence)
+        for sequence in gone:
+            ctx.loop.create_task(self._links.pop(sequence).close())
+
+    def _ctx(self) -> ProcessContext:
+        assert self._context is not None, "the role has not started"
+        return self._context

@@ -1,0 +1,161 @@
+"""An outbound link: one long-lived, ordered gRPC stream to one peer, fed from a bounded queue.
+
+Payloads are serialized messages (bytes): a sender that fans one message out to several
+peers serializes it once. The first message on every stream is the sender's Hello. The
+queue bounds what waits for the peer (``send`` blocks when it is full: backpressure flows
+back to whoever feeds the link); gRPC's own flow control bounds what is in flight.
+
+States::
+
+    NEW --start()--> OPEN --close()--> CLOSED            (queued payloads sent first)
+                      |
+                      +-- the stream fails --> FAILED    (on_failure called once; payloads
+                                                          still queued are dropped)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from broker.runtime.metrics import ProcessMetrics
+
+__all__ = ["CHANNEL_OPTIONS", "Link", "LinkState"]
+
+_log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 64 << 20
+CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+)
+_CLOSE = object()
+
+
+class LinkState(enum.Enum):
+    """Where a :class:`Link` is (transitions in the module doc)."""
+
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class Link:
+    """A stream to ``address`` calling ``method`` (``/package.Service/Method``).
+
+    ``streaming_response``: the method answers with a stream (each response's bytes go to
+    ``on_response``); otherwise it answers once, when the stream ends.
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        address: str,
+        method: str,
+        hello: bytes,
+        *,
+        metrics: ProcessMetrics,
+        streaming_response: bool,
+        on_response: Callable[[bytes], None] | None = None,
+        on_failure: Callable[[Link, BaseException], None] | None = None,
+        capacity: int = 64,
+    ) -> None:
+        self.peer = peer
+        self.address = address
+        self._method = method
+        self._hello = hello
+        self._metrics = metrics
+        self._streaming = streaming_response
+        self._on_response = on_response
+        self._on_failure = on_failure
+        self._queue: asyncio.Queue[object] = asyncio.Queue(capacity)
+        self._state = LinkState.NEW
+        self._task: asyncio.Task[None] | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._depth = metrics.queue_depth.labels(link=f"{method.rsplit('/', 1)[-1]}:{peer}")
+        self._sent = metrics.messages_out.labels(stream=method.rsplit("/", 1)[-1])
+
+    @property
+    def state(self) -> LinkState:
+        """The current state."""
+        return self._state
+
+    def start(self) -> None:
+        """Open the stream (in the background; the peer may still be starting)."""
+        if self._state is not LinkState.NEW:
+            raise RuntimeError(f"link to {self.peer} is {self._state.value}")
+        self._state = LinkState.OPEN
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"link-{self.peer}")
+
+    async def send(self, payload: bytes) -> bool:
+        """Queue one serialized message; False (and nothing queued) if the link is down."""
+        if self._state is not LinkState.OPEN:
+            return False
+        await self._queue.put(payload)
+        self._depth.set(self._queue.qsize())
+        return True
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, end the stream, and wait (at most ``timeout`` s) for the peer."""
+        if self._state is LinkState.OPEN:
+            self._state = LinkState.CLOSED
+            try:
+                self._queue.put_nowait(_CLOSE)
+            except asyncio.QueueFull:
+                await asyncio.wait_for(self._queue.put(_CLOSE), timeout)
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                self._task.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def _requests(self) -> AsyncIterator[bytes]:
+        yield self._hello
+        while True:
+            item = await self._queue.get()
+            self._depth.set(self._queue.qsize())
+            if item is _CLOSE:
+                return
+            assert isinstance(item, bytes)
+            self._sent.inc()
+            yield item
+
+    async def _run(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        try:
+            requests: Any = self._requests()
+            if self._streaming:
+                call: Any = self._channel.stream_stream(self._method)(requests, wait_for_ready=True)
+                async for response in call:
+                    if self._on_response is not None:
+                        assert isinstance(response, bytes)
+                        self._on_response(response)
+            else:
+                await self._channel.stream_unary(self._method)(requests, wait_for_ready=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc)
+        else:
+            if self._state is LinkState.OPEN:  # the peer ended the stream on its own
+                self._fail(ConnectionError(f"{self.peer} ended the stream"))
+
+    def _fail(self, exc: BaseException) -> None:
+        was_open = self._state is LinkState.OPEN
+        self._state = LinkState.FAILED
+        _log.warning("link to %s (%s) failed: %s", self.peer, self.address, exc)
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._depth.set(0)
+        if was_open and self._on_failure is not None:
+            self._on_failure(self, exc)

@@ -1,0 +1,68 @@
+"""The options of one broker process, validated all at once (every problem reported)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from broker.errors import InvalidInput
+
+__all__ = ["ProcessOptions", "Role", "parse_address"]
+
+DEFAULT_CLUSTER = "silbo"
+
+
+class Role(enum.Enum):
+    """The four layers; the value is the name used on the command line and in ZooKeeper."""
+
+    CONNECTION_POINT = "connection-point"
+    ACCESS_POINT = "access-point"
+    MATCHER = "matcher"
+    EXIT_POINT = "exit-point"
+
+
+def parse_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (port 0: any free one); InvalidInput otherwise."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise InvalidInput(f"{what} {text!r} must be HOST:PORT with a port from 0 to 65535")
+    return host.strip("[]"), int(port_text)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessOptions:
+    """How to run one process: its role, ZooKeeper, cluster and addresses.
+
+    ``listen`` is where its gRPC server binds; ``advertise`` is the address others use to
+    reach it (default: ``listen``, with the port the server got when ``listen`` said 0).
+    ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
+    """
+
+    role: Role
+    zk: str
+    cluster: str = DEFAULT_CLUSTER
+    listen: str = "127.0.0.1:0"
+    advertise: str = ""
+    metrics_listen: str = "127.0.0.1:0"
+    zk_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.zk or "/" in self.zk:
+            problems.append(f"--zk {self.zk!r} must be HOST:PORT[,HOST:PORT...] (no chroot)")
+        for what, value in (
+            ("--listen", self.listen),
+            ("--advertise", self.advertise),
+            ("--metrics-listen", self.metrics_listen),
+        ):
+            if value:
+                try:
+                    parse_address(value, what)
+                except InvalidInput as exc:
+                    problems.append(str(exc))
+        if not self.cluster or "/" in self.cluster:
+            problems.append(f"--cluster {self.cluster!r} must be a non-empty name without '/'")
+        if self.zk_timeout <= 0:
+            problems.append("the ZooKeeper timeout must be positive")
+        if problems:
+            raise InvalidInput("; ".join(problems))

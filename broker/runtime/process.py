@@ -1,0 +1,183 @@
+"""Running one broker process: ZooKeeper, the gRPC server, membership, signals, shutdown.
+
+The order of a process's life:
+
+1. connect to ZooKeeper (the cluster's chroot); unreachable within ``zk_timeout`` seconds is
+   a clear ZooKeeperUnavailable, not a hang;
+2. bind the gRPC server (a taken port is a clear AddressInUse) and the metrics endpoint;
+3. register in ``/members/<role>/`` with the advertised address, then start the role and
+   the server;
+4. serve until SIGTERM or SIGINT; then leave the membership (peers stop sending), stop the
+   role (it drains its links), stop the server, close the ZooKeeper session.
+
+kazoo's SUSPENDED and LOST states are logged; the membership recipe re-registers after a
+lost session and the data path (gRPC) never waits on ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from kazoo.client import KazooClient
+
+from broker.coordination.client import ConnectionStateWatcher, connect
+from broker.coordination.membership import Member, Membership
+from broker.errors import SilboError
+from broker.runtime.link import CHANNEL_OPTIONS
+from broker.runtime.metrics import ProcessMetrics
+from broker.runtime.options import ProcessOptions, parse_address
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+
+__all__ = ["AddressInUse", "ProcessContext", "RoleService", "run_process", "serve"]
+
+_log = logging.getLogger(__name__)
+
+
+class AddressInUse(SilboError):
+    """The address a process was told to listen on is taken (or not ours to bind)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessContext:
+    """What a role gets from the process that runs it."""
+
+    options: ProcessOptions
+    zk: KazooClient
+    member: Member
+    metrics: ProcessMetrics
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def name(self) -> str:
+        """This process's member name (unique in the cluster)."""
+        return self.member.name
+
+    def hello(self) -> bytes:
+        """The Hello every internal stream of this process opens with (a serialized Batch)."""
+        role = self.options.role.value
+        return wire.Batch(hello=wire.Hello(sender=self.name, role=role)).SerializeToString()
+
+
+class RoleService(Protocol):
+    """One layer's behaviour inside a process."""
+
+    def add_to(self, server: grpc.aio.Server) -> None:
+        """Add the role's gRPC services to the server (before it starts)."""
+
+    async def start(self, context: ProcessContext) -> None:
+        """Start watching peers and opening links (the process is registered)."""
+
+    async def stop(self) -> None:
+        """Drain and close the role's links."""
+
+    def status(self) -> tuple[int, int]:
+        """``(epoch, subscriptions held or open)`` for ``silbo admin status``."""
+
+
+class _AdminServicer(wire_grpc.AdminServicer):
+    def __init__(self, role: RoleService, metrics: ProcessMetrics) -> None:
+        self._role = role
+        self._metrics = metrics
+        self.member: Member | None = None
+
+    async def Status(
+        self, request: wire.StatusRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> wire.ProcessStatus:
+        epoch, subscriptions = self._role.status()
+        member = self.member
+        return wire.ProcessStatus(
+            name=member.name if member else "",
+            role=member.role if member else "",
+            address=member.address if member else "",
+            pid=os.getpid(),
+            epoch=epoch,
+            subscriptions=subscriptions,
+            counters=self._metrics.totals(),
+            metrics=member.metrics if member else "",
+        )
+
+
+def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
+    """Run a process until SIGTERM or SIGINT; the exit status (0 after a clean stop)."""
+    return asyncio.run(serve(options, make_role))
+
+
+async def serve(
+    options: ProcessOptions,
+    make_role: Callable[[], RoleService],
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[Member], None] | None = None,
+) -> int:
+    """Run a process in the running loop until ``stop`` is set (or a signal arrives)."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    zk = await asyncio.to_thread(
+        connect, options.zk, cluster=options.cluster, timeout=options.zk_timeout
+    )
+    watcher = ConnectionStateWatcher(zk)
+    watcher.on(None, lambda state: _log.warning("ZooKeeper connection: %s", state.value))
+    metrics = ProcessMetrics(options.role.value)
+    role = make_role()
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    admin = _AdminServicer(role, metrics)
+    wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    role.add_to(server)
+    try:
+        address = _bind(server, options)
+        metrics_address = metrics.serve(options.metrics_listen) if options.metrics_listen else ""
+        membership = Membership(zk, options.role.value, address, metrics=metrics_address)
+        member = await asyncio.to_thread(membership.register)
+        admin.member = member
+        context = ProcessContext(options, zk, member, metrics, loop)
+        await role.start(context)
+        await server.start()
+        _log.info("%s %s serving on %s", options.role.value, member.name, address)
+        if ready is not None:
+            ready(member)
+        await stop.wait()
+        _log.info("%s %s stopping", options.role.value, member.name)
+        await asyncio.to_thread(membership.leave)
+        await role.stop()
+        await server.stop(grace=2.0)
+    finally:
+        watcher.close()
+        await asyncio.to_thread(_close, zk)
+    return 0
+
+
+def _bind(server: grpc.aio.Server, options: ProcessOptions) -> str:
+    host, _port = parse_address(options.listen, "--listen")
+    try:
+        bound = server.add_insecure_port(options.listen)
+    except RuntimeError as exc:
+        raise AddressInUse(
+            f"cannot listen on {options.listen}: the port is in use or the address is not "
+            "this host's (pick another with --listen HOST:PORT, or port 0 for any)"
+        ) from exc
+    if bound == 0:
+        raise AddressInUse(f"cannot listen on {options.listen}: the port is in use")
+    if options.advertise:
+        adv_host, adv_port = parse_address(options.advertise, "--advertise")
+        return f"{adv_host}:{adv_port or bound}"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"{host}:{bound}"
+
+
+def _close(zk: KazooClient) -> None:
+    try:
+        zk.stop()
+        zk.close()
+    except Exception:  # closing is best effort: the session ends with the process anyway
+        _log.debug("closing ZooKeeper failed", exc_info=True)

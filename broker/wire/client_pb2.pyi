@@ -1,0 +1,271 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Value(_message.Message):
+    __slots__ = ("number", "text", "boolean", "null", "json", "integer")
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    BOOLEAN_FIELD_NUMBER: _ClassVar[int]
+    NULL_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    INTEGER_FIELD_NUMBER: _ClassVar[int]
+    number: float
+    text: str
+    boolean: bool
+    null: bool
+    json: str
+    integer: int
+    def __init__(
+        self,
+        number: _Optional[float] = ...,
+        text: _Optional[str] = ...,
+        boolean: _Optional[bool] = ...,
+        null: _Optional[bool] = ...,
+        json: _Optional[str] = ...,
+        integer: _Optional[int] = ...,
+    ) -> None: ...
+
+class Metadata(_message.Message):
+    __slots__ = ("name", "type", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    value: Value
+    def __init__(
+        self,
+        name: _Optional[str] = ...,
+        type: _Optional[str] = ...,
+        value: _Optional[_Union[Value, _Mapping]] = ...,
+    ) -> None: ...
+
+class Attribute(_message.Message):
+    __slots__ = ("name", "type", "value", "metadata")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    value: Value
+    metadata: _containers.RepeatedCompositeFieldContainer[Metadata]
+    def __init__(
+        self,
+        name: _Optional[str] = ...,
+        type: _Optional[str] = ...,
+        value: _Optional[_Union[Value, _Mapping]] = ...,
+        metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ...,
+    ) -> None: ...
+
+class Entity(_message.Message):
+    __slots__ = ("id", "type", "tenant", "service_path", "attributes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_PATH_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    type: str
+    tenant: str
+    service_path: str
+    attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
+    def __init__(
+        self,
+        id: _Optional[str] = ...,
+        type: _Optional[str] = ...,
+        tenant: _Optional[str] = ...,
+        service_path: _Optional[str] = ...,
+        attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...,
+    ) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("batch", "publisher", "first_sequence", "entities")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHER_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    publisher: str
+    first_sequence: int
+    entities: _containers.RepeatedCompositeFieldContainer[Entity]
+    def __init__(
+        self,
+        batch: _Optional[int] = ...,
+        publisher: _Optional[str] = ...,
+        first_sequence: _Optional[int] = ...,
+        entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...,
+    ) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PublishAck(_message.Message):
+    __slots__ = ("batch", "accepted", "error")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    batch: int
+    accepted: int
+    error: Error
+    def __init__(
+        self,
+        batch: _Optional[int] = ...,
+        accepted: _Optional[int] = ...,
+        error: _Optional[_Union[Error, _Mapping]] = ...,
+    ) -> None: ...
+
+class EntitySelector(_message.Message):
+    __slots__ = ("id", "id_pattern", "type", "type_pattern")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ID_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    id_pattern: str
+    type: str
+    type_pattern: str
+    def __init__(
+        self,
+        id: _Optional[str] = ...,
+        id_pattern: _Optional[str] = ...,
+        type: _Optional[str] = ...,
+        type_pattern: _Optional[str] = ...,
+    ) -> None: ...
+
+class SubscriptionSpec(_message.Message):
+    __slots__ = (
+        "id",
+        "entities",
+        "tenant",
+        "service_path",
+        "condition_attrs",
+        "q",
+        "mq",
+        "description",
+        "expires",
+        "attrs",
+    )
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_PATH_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_ATTRS_FIELD_NUMBER: _ClassVar[int]
+    Q_FIELD_NUMBER: _ClassVar[int]
+    MQ_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    ATTRS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    entities: _containers.RepeatedCompositeFieldContainer[EntitySelector]
+    tenant: str
+    service_path: str
+    condition_attrs: _containers.RepeatedScalarFieldContainer[str]
+    q: str
+    mq: str
+    description: str
+    expires: float
+    attrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(
+        self,
+        id: _Optional[str] = ...,
+        entities: _Optional[_Iterable[_Union[EntitySelector, _Mapping]]] = ...,
+        tenant: _Optional[str] = ...,
+        service_path: _Optional[str] = ...,
+        condition_attrs: _Optional[_Iterable[str]] = ...,
+        q: _Optional[str] = ...,
+        mq: _Optional[str] = ...,
+        description: _Optional[str] = ...,
+        expires: _Optional[float] = ...,
+        attrs: _Optional[_Iterable[str]] = ...,
+    ) -> None: ...
+
+class Subscribe(_message.Message):
+    __slots__ = ("subscriptions",)
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionSpec]
+    def __init__(
+        self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ...
+    ) -> None: ...
+
+class Unsubscribe(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("request", "subscribe", "unsubscribe")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    request: int
+    subscribe: Subscribe
+    unsubscribe: Unsubscribe
+    def __init__(
+        self,
+        request: _Optional[int] = ...,
+        subscribe: _Optional[_Union[Subscribe, _Mapping]] = ...,
+        unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ...,
+    ) -> None: ...
+
+class SessionAck(_message.Message):
+    __slots__ = ("request", "ids", "handles", "error")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request: int
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    handles: _containers.RepeatedScalarFieldContainer[int]
+    error: Error
+    def __init__(
+        self,
+        request: _Optional[int] = ...,
+        ids: _Optional[_Iterable[str]] = ...,
+        handles: _Optional[_Iterable[int]] = ...,
+        error: _Optional[_Union[Error, _Mapping]] = ...,
+    ) -> None: ...
+
+class NotificationBatch(_message.Message):
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedCompositeFieldContainer[Entity]
+    publishers: _containers.RepeatedScalarFieldContainer[str]
+    sequences: _containers.RepeatedScalarFieldContainer[int]
+    entity_index: _containers.RepeatedScalarFieldContainer[int]
+    handles: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(
+        self,
+        entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...,
+        publishers: _Optional[_Iterable[str]] = ...,
+        sequences: _Optional[_Iterable[int]] = ...,
+        entity_index: _Optional[_Iterable[int]] = ...,
+        handles: _Optional[_Iterable[int]] = ...,
+    ) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("ack", "notifications")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    ack: SessionAck
+    notifications: NotificationBatch
+    def __init__(
+        self,
+        ack: _Optional[_Union[SessionAck, _Mapping]] = ...,
+        notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ...,
+    ) -> None: ...

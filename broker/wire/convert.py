@@ -1,0 +1,342 @@
+"""Conversions between wire messages (broker.wire.client_pb2) and model objects.
+
+Two directions, two levels of trust:
+
+- :func:`update_from_entity` and :func:`subscription_from_spec` read what a client sent:
+  every field is validated by the model's constructors, and a problem raises an InvalidInput
+  subclass naming the field.
+- :func:`trusted_update` reads an entity that a connection point already validated (the
+  bytes inside internal streams): it builds the model objects without validating again,
+  which is what keeps a matcher's decoding cost to a few microseconds per update.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from broker.errors import InvalidInput, InvalidUpdate, InvalidValue
+from broker.model.attribute import (
+    DATE_TYPES,
+    MAX_STRING_LENGTH,
+    Attribute,
+    Metadata,
+    check_value,
+    default_type,
+    parse_iso8601,
+)
+from broker.model.identifiers import (
+    DEFAULT_SCOPE,
+    DEFAULT_SERVICE_PATH,
+    check_identifier,
+    check_service_path,
+    check_tenant,
+)
+from broker.model.subscription import EntitySelector, NotificationOptions, Subscription
+from broker.model.update import DEFAULT_ENTITY_TYPE, RESERVED_ATTRIBUTE_NAMES, ContextUpdate
+from broker.wire import client_pb2 as pb
+
+__all__ = [
+    "entity_from_update",
+    "normalize_entity",
+    "spec_from_subscription",
+    "subscription_from_spec",
+    "trusted_update",
+    "trusted_update_from_obj",
+    "update_from_entity",
+    "value_from_wire",
+    "value_to_wire",
+]
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_EMPTY: Mapping[str, Metadata] = {}
+_new = object.__new__
+_set = object.__setattr__
+
+
+def value_to_wire(value: Any, out: pb.Value) -> None:
+    """Write a JSON value into a wire Value."""
+    if value is None:
+        out.null = True
+    elif isinstance(value, bool):
+        out.boolean = value
+    elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
+        out.integer = value
+    elif isinstance(value, int | float):
+        out.number = float(value)
+    elif isinstance(value, str):
+        out.text = value
+    else:
+        out.json = json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def value_from_wire(value: pb.Value, what: str = "value") -> Any:
+    """The JSON value a wire Value holds; InvalidValue for bad JSON text."""
+    kind = value.WhichOneof("kind")
+    if kind is None or kind == "null":
+        return None
+    if kind == "json":
+        try:
+            decoded = json.loads(value.json)
+        except ValueError as exc:
+            raise InvalidValue(f"{what} is not valid JSON: {exc}") from exc
+        if not isinstance(decoded, list | dict):
+            raise InvalidValue(f"{what}: the json kind holds objects and arrays only")
+        return decoded
+    if kind == "number" and not math.isfinite(value.number):
+        raise InvalidValue(f"{what} is {value.number}, which JSON cannot carry")
+    return getattr(value, kind)
+
+
+def entity_from_update(update: ContextUpdate, out: pb.Entity | None = None) -> pb.Entity:
+    """The wire Entity of a context update (publisher and sequence travel beside it)."""
+    entity = pb.Entity() if out is None else out
+    entity.id = update.entity_id
+    entity.type = update.entity_type
+    entity.tenant = update.tenant
+    entity.service_path = update.service_path
+    for name, attribute in update.attributes.items():
+        wire = entity.attributes.add(name=name, type=attribute.type)
+        value_to_wire(attribute.value, wire.value)
+        for key, item in attribute.metadata.items():
+            meta = wire.metadata.add(name=key, type=item.type)
+            value_to_wire(item.value, meta.value)
+    return entity
+
+
+def update_from_entity(
+    entity: pb.Entity, *, publisher: str = "", sequence: int = 0
+) -> ContextUpdate:
+    """The validated context update a client's Entity describes (InvalidInput otherwise)."""
+    attributes: dict[str, Attribute] = {}
+    for wire in entity.attributes:
+        if wire.name in attributes:
+            raise InvalidUpdate(f"attribute {wire.name!r} is given twice")
+        what = f"attribute {wire.name!r}"
+        value = value_from_wire(wire.value, what)
+        metadata: dict[str, Metadata] = {}
+        for meta in wire.metadata:
+            if meta.name in metadata:
+                raise InvalidUpdate(f"{what} has metadata {meta.name!r} twice")
+            item = value_from_wire(meta.value, f"{what} metadata {meta.name!r}")
+            metadata[meta.name] = Metadata(meta.type or default_type(item), item)
+        attributes[wire.name] = Attribute(wire.type or default_type(value), value, metadata)
+    return ContextUpdate(
+        entity.id,
+        attributes,
+        entity_type=entity.type or DEFAULT_ENTITY_TYPE,
+        tenant=entity.tenant,
+        service_path=entity.service_path or DEFAULT_SERVICE_PATH,
+        publisher=publisher,
+        sequence=sequence,
+    )
+
+
+def trusted_update(entity: pb.Entity, publisher: str = "", sequence: int = 0) -> ContextUpdate:
+    """The context update of an Entity that a connection point validated (no checks)."""
+    attributes: dict[str, Attribute] = {}
+    for wire in entity.attributes:
+        type_ = wire.type
+        value = _trusted_value(wire.value)
+        attribute = _new(Attribute)
+        _set(attribute, "type", type_)
+        _set(attribute, "value", value)
+        if wire.metadata:
+            _set(attribute, "metadata", _trusted_metadata(wire))
+        else:
+            _set(attribute, "metadata", _EMPTY)
+        if type_ in DATE_TYPES and isinstance(value, str):
+            _set(attribute, "match_value", parse_iso8601(value))
+        else:
+            _set(attribute, "match_value", value)
+        attributes[wire.name] = attribute
+    update = _new(ContextUpdate)
+    _set(update, "entity_id", entity.id)
+    _set(update, "attributes", attributes)
+    _set(update, "entity_type", entity.type)
+    _set(update, "tenant", entity.tenant)
+    _set(update, "service_path", entity.service_path)
+    _set(update, "publisher", publisher)
+    _set(update, "sequence", sequence)
+    return update
+
+
+def _trusted_value(value: pb.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number":
+        return value.number
+    if kind == "text":
+        return value.text
+    if kind == "integer":
+        return value.integer
+    if kind == "boolean":
+        return value.boolean
+    if kind == "json":
+        return json.loads(value.json)
+    return None
+
+
+def _trusted_metadata(wire: pb.Attribute) -> dict[str, Metadata]:
+    return {meta.name: Metadata(meta.type, _trusted_value(meta.value)) for meta in wire.metadata}
+
+
+def subscription_from_spec(spec: pb.SubscriptionSpec, *, id: str, subscriber: str) -> Subscription:
+    """The validated subscription a client's SubscriptionSpec describes (InvalidInput otherwise)."""
+    if spec.expires and not math.isfinite(spec.expires):
+        raise InvalidInput(f"expires must be a finite epoch time, got {spec.expires}")
+    selectors = tuple(
+        EntitySelector(
+            id=s.id or None,
+            id_pattern=s.id_pattern or None,
+            type=s.type or None,
+            type_pattern=s.type_pattern or None,
+        )
+        for s in spec.entities
+    )
+    return Subscription(
+        id=id,
+        entities=selectors,
+        tenant=spec.tenant,
+        service_path=spec.service_path or DEFAULT_SCOPE,
+        condition_attrs=tuple(spec.condition_attrs),
+        q=spec.q,
+        mq=spec.mq,
+        notification=NotificationOptions(attrs=tuple(spec.attrs)),
+        subscriber=subscriber,
+        expires=spec.expires or None,
+        description=spec.description,
+    )
+
+
+def spec_from_subscription(subscription: Subscription) -> pb.SubscriptionSpec:
+    """The wire SubscriptionSpec of a subscription (its notification attrs included)."""
+    spec = pb.SubscriptionSpec(
+        id=subscription.id,
+        tenant=subscription.tenant,
+        service_path=subscription.service_path,
+        condition_attrs=list(subscription.condition_attrs),
+        q=subscription.q,
+        mq=subscription.mq,
+        description=subscription.description,
+        expires=subscription.expires or 0.0,
+        attrs=list(subscription.notification.attrs),
+    )
+    for s in subscription.entities:
+        spec.entities.add(
+            id=s.id or "",
+            id_pattern=s.id_pattern or "",
+            type=s.type or "",
+            type_pattern=s.type_pattern or "",
+        )
+    return spec
+
+
+# -- the connection point's check: validate a client's Entity, get the matchable form ------
+
+_CACHE_LIMIT = 1 << 16
+_checked: dict[tuple[str, str], str] = {}  # (what, text) -> interned text, known valid
+
+
+def _known(check: Any, value: str, what: str) -> str:
+    key = (what, value)
+    found = _checked.get(key)
+    if found is None:
+        found = check(value, what) if what != "tenant" and what != "service path" else check(value)
+        if len(_checked) >= _CACHE_LIMIT:
+            _checked.clear()
+        _checked[key] = found
+    return found
+
+
+def normalize_entity(entity: pb.Entity) -> list[Any]:
+    """Validate a client's Entity, fill in its defaults in place, and return it as an update
+    array (the layout of broker.serialization.update_to_obj, publisher '' and sequence 0).
+
+    Raises InvalidInput subclasses naming the field, as the model's constructors do; the
+    checks are the model's, with identifiers already seen remembered (they repeat a lot).
+    """
+    if not entity.type:
+        entity.type = DEFAULT_ENTITY_TYPE
+    if not entity.service_path:
+        entity.service_path = DEFAULT_SERVICE_PATH
+    entity_id = _known(check_identifier, entity.id, "entity id")
+    entity_type = _known(check_identifier, entity.type, "entity type")
+    tenant = _known(check_tenant, entity.tenant, "tenant")
+    path = _known(check_service_path, entity.service_path, "service path")
+    attributes: list[Any] = []
+    seen: set[str] = set()
+    for wire in entity.attributes:
+        name = _known(check_identifier, wire.name, "attribute name")
+        if name in seen:
+            raise InvalidUpdate(f"attribute {name!r} is given twice")
+        if name in RESERVED_ATTRIBUTE_NAMES:
+            raise InvalidUpdate(f"attribute name {name!r} is reserved")
+        seen.add(name)
+        what = f"attribute {name!r}"
+        value = _checked_value(wire.value, what)
+        if not wire.type:
+            wire.type = default_type(value)
+        type_ = _known(check_identifier, wire.type, "attribute type")
+        if type_ in DATE_TYPES and value is not None:
+            _check_date(value, what, type_)
+        metadata: list[Any] = []
+        for meta in wire.metadata:
+            meta_what = f"{what} metadata {meta.name!r}"
+            key = _known(check_identifier, meta.name, "metadata name")
+            item = _checked_value(meta.value, meta_what)
+            if not meta.type:
+                meta.type = default_type(item)
+            meta_type = _known(check_identifier, meta.type, "metadata type")
+            if meta_type in DATE_TYPES and item is not None:
+                _check_date(item, meta_what, meta_type)
+            metadata.append([key, meta_type, item])
+        if len({m[0] for m in metadata}) != len(metadata):
+            raise InvalidUpdate(f"{what} names a metadata item twice")
+        attributes.append([name, type_, value, metadata])
+    return [entity_id, entity_type, tenant, path, "", 0, attributes]
+
+
+def _checked_value(value: pb.Value, what: str) -> Any:
+    decoded = value_from_wire(value, what)
+    if isinstance(decoded, str):
+        if len(decoded) > MAX_STRING_LENGTH:
+            raise InvalidValue(f"{what} is a string of {len(decoded)} characters; too long")
+    elif isinstance(decoded, list | dict):
+        check_value(decoded, what)
+    return decoded
+
+
+def _check_date(value: Any, what: str, type_: str) -> None:
+    if not isinstance(value, str) or parse_iso8601(value) is None:
+        raise InvalidValue(f"{what} is typed {type_} but {value!r} is not an ISO 8601 date")
+
+
+def trusted_update_from_obj(obj: list[Any]) -> ContextUpdate:
+    """The context update of an array that :func:`normalize_entity` made (no checks)."""
+    entity_id, entity_type, tenant, path, publisher, sequence, wire_attributes = obj
+    attributes: dict[str, Attribute] = {}
+    for name, type_, value, metadata in wire_attributes:
+        attribute = _new(Attribute)
+        _set(attribute, "type", type_)
+        _set(attribute, "value", value)
+        _set(
+            attribute,
+            "metadata",
+            {k: Metadata(t, v) for k, t, v in metadata} if metadata else _EMPTY,
+        )
+        if type_ in DATE_TYPES and isinstance(value, str):
+            _set(attribute, "match_value", parse_iso8601(value))
+        else:
+            _set(attribute, "match_value", value)
+        attributes[name] = attribute
+    update = _new(ContextUpdate)
+    _set(update, "entity_id", entity_id)
+    _set(update, "attributes", attributes)
+    _set(update, "entity_type", entity_type)
+    _set(update, "tenant", tenant)
+    _set(update, "service_path", path)
+    _set(update, "publisher", publisher)
+    _set(update, "sequence", sequence)
+    return update

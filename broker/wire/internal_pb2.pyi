@@ -1,0 +1,280 @@
+from broker.wire import client_pb2 as _client_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Hello(_message.Message):
+    __slots__ = ("sender", "role")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    role: str
+    def __init__(self, sender: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class Updates(_message.Message):
+    __slots__ = (
+        "first_seq",
+        "epoch",
+        "entities",
+        "publishers",
+        "sequences",
+        "exit_points",
+        "matchable",
+    )
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    EXIT_POINTS_FIELD_NUMBER: _ClassVar[int]
+    MATCHABLE_FIELD_NUMBER: _ClassVar[int]
+    first_seq: int
+    epoch: int
+    entities: _containers.RepeatedScalarFieldContainer[bytes]
+    publishers: _containers.RepeatedScalarFieldContainer[str]
+    sequences: _containers.RepeatedScalarFieldContainer[int]
+    exit_points: _containers.RepeatedScalarFieldContainer[int]
+    matchable: bytes
+    def __init__(
+        self,
+        first_seq: _Optional[int] = ...,
+        epoch: _Optional[int] = ...,
+        entities: _Optional[_Iterable[bytes]] = ...,
+        publishers: _Optional[_Iterable[str]] = ...,
+        sequences: _Optional[_Iterable[int]] = ...,
+        exit_points: _Optional[_Iterable[int]] = ...,
+        matchable: _Optional[bytes] = ...,
+    ) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("handle", "subscription", "id")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    subscription: bytes
+    id: str
+    def __init__(
+        self,
+        handle: _Optional[int] = ...,
+        subscription: _Optional[bytes] = ...,
+        id: _Optional[str] = ...,
+    ) -> None: ...
+
+class Subscriptions(_message.Message):
+    __slots__ = ("request", "placements")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    request: int
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(
+        self,
+        request: _Optional[int] = ...,
+        placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...,
+    ) -> None: ...
+
+class Unsubscriptions(_message.Message):
+    __slots__ = ("request", "ids")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    request: int
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(
+        self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ...
+    ) -> None: ...
+
+class Marker(_message.Message):
+    __slots__ = ("kind", "epoch", "body")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    epoch: int
+    body: bytes
+    def __init__(
+        self, kind: _Optional[str] = ..., epoch: _Optional[int] = ..., body: _Optional[bytes] = ...
+    ) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("hello", "updates", "subscriptions", "unsubscriptions", "marker")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    updates: Updates
+    subscriptions: Subscriptions
+    unsubscriptions: Unsubscriptions
+    marker: Marker
+    def __init__(
+        self,
+        hello: _Optional[_Union[Hello, _Mapping]] = ...,
+        updates: _Optional[_Union[Updates, _Mapping]] = ...,
+        subscriptions: _Optional[_Union[Subscriptions, _Mapping]] = ...,
+        unsubscriptions: _Optional[_Union[Unsubscriptions, _Mapping]] = ...,
+        marker: _Optional[_Union[Marker, _Mapping]] = ...,
+    ) -> None: ...
+
+class RequestAck(_message.Message):
+    __slots__ = ("request", "ids", "error")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request: int
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    error: _client_pb2.Error
+    def __init__(
+        self,
+        request: _Optional[int] = ...,
+        ids: _Optional[_Iterable[str]] = ...,
+        error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ...,
+    ) -> None: ...
+
+class Partial(_message.Message):
+    __slots__ = (
+        "access_point",
+        "first_seq",
+        "last_seq",
+        "epoch",
+        "items",
+        "entities",
+        "publishers",
+        "sequences",
+        "counts",
+        "handles",
+    )
+    ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    access_point: str
+    first_seq: int
+    last_seq: int
+    epoch: int
+    items: _containers.RepeatedScalarFieldContainer[int]
+    entities: _containers.RepeatedScalarFieldContainer[bytes]
+    publishers: _containers.RepeatedScalarFieldContainer[str]
+    sequences: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    handles: bytes
+    def __init__(
+        self,
+        access_point: _Optional[str] = ...,
+        first_seq: _Optional[int] = ...,
+        last_seq: _Optional[int] = ...,
+        epoch: _Optional[int] = ...,
+        items: _Optional[_Iterable[int]] = ...,
+        entities: _Optional[_Iterable[bytes]] = ...,
+        publishers: _Optional[_Iterable[str]] = ...,
+        sequences: _Optional[_Iterable[int]] = ...,
+        counts: _Optional[_Iterable[int]] = ...,
+        handles: _Optional[bytes] = ...,
+    ) -> None: ...
+
+class Gather(_message.Message):
+    __slots__ = ("hello", "partial", "marker")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    partial: Partial
+    marker: Marker
+    def __init__(
+        self,
+        hello: _Optional[_Union[Hello, _Mapping]] = ...,
+        partial: _Optional[_Union[Partial, _Mapping]] = ...,
+        marker: _Optional[_Union[Marker, _Mapping]] = ...,
+    ) -> None: ...
+
+class Deliveries(_message.Message):
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedScalarFieldContainer[bytes]
+    publishers: _containers.RepeatedScalarFieldContainer[str]
+    sequences: _containers.RepeatedScalarFieldContainer[int]
+    entity_index: _containers.RepeatedScalarFieldContainer[int]
+    handles: bytes
+    def __init__(
+        self,
+        entities: _Optional[_Iterable[bytes]] = ...,
+        publishers: _Optional[_Iterable[str]] = ...,
+        sequences: _Optional[_Iterable[int]] = ...,
+        entity_index: _Optional[_Iterable[int]] = ...,
+        handles: _Optional[bytes] = ...,
+    ) -> None: ...
+
+class Handoff(_message.Message):
+    __slots__ = ("hello", "deliveries", "marker")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    deliveries: Deliveries
+    marker: Marker
+    def __init__(
+        self,
+        hello: _Optional[_Union[Hello, _Mapping]] = ...,
+        deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...,
+        marker: _Optional[_Union[Marker, _Mapping]] = ...,
+    ) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ProcessStatus(_message.Message):
+    __slots__ = ("name", "role", "address", "pid", "epoch", "subscriptions", "counters", "metrics")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    address: str
+    pid: int
+    epoch: int
+    subscriptions: int
+    counters: _containers.ScalarMap[str, float]
+    metrics: str
+    def __init__(
+        self,
+        name: _Optional[str] = ...,
+        role: _Optional[str] = ...,
+        address: _Optional[str] = ...,
+        pid: _Optional[int] = ...,
+        epoch: _Optional[int] = ...,
+        subscriptions: _Optional[int] = ...,
+        counters: _Optional[_Mapping[str, float]] = ...,
+        metrics: _Optional[str] = ...,
+    ) -> None: ...
