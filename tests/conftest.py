@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.embedded import EmbeddedZooKeeper
 
 settings.register_profile(
     "ci",
@@ -46,3 +52,46 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"{matched / max(1, updates):.1f} matches each; "
             f"{matched / max(1, pairs):.0%} of same-tenant pairs match"
         )
+
+
+# -- real processes: one ZooKeeper per test session, a fresh cluster per test --------------
+
+
+@pytest.fixture(scope="session")
+def zookeeper() -> Iterator[EmbeddedZooKeeper]:
+    """A standalone ZooKeeper server for the whole test session."""
+    with EmbeddedZooKeeper() as server:
+        yield server
+
+
+StartCluster = Callable[..., LocalCluster]
+
+
+@pytest.fixture
+def start_cluster(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[StartCluster]:
+    """Start local clusters (real processes) on the session's ZooKeeper; stopped after the test.
+
+    ``start_cluster(matchers=2, connection_points=1, ...)`` takes ClusterSpec's fields; each
+    cluster gets its own name (so its own chroot) and state directory.
+    """
+    started: list[LocalCluster] = []
+
+    def start(**fields: object) -> LocalCluster:
+        name = f"it-{uuid.uuid4().hex[:10]}"
+        spec = ClusterSpec(
+            **{  # type: ignore[arg-type]
+                "zk": zookeeper.address,
+                "cluster": name,
+                "grpc_port": 0,
+                "state_dir": tmp_path / name,
+                **fields,
+            }
+        )
+        cluster = LocalCluster(spec)
+        cluster.start()
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()

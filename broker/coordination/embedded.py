@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import enum
 import errno
 import importlib.util
@@ -62,9 +63,11 @@ __all__ = [
     "EmbeddedZooKeeper",
     "ServerState",
     "default_jar_dirs",
+    "die_with_parent",
     "find_classpath",
     "find_java",
     "free_port",
+    "stop_detached",
 ]
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -77,6 +80,7 @@ JVM_OPTIONS = (
     "-Dzookeeper.jmx.log4j.disable=true",
 )
 LOG_NAME = "zookeeper.log"
+_PR_SET_PDEATHSIG = 1
 _PORT_ATTEMPTS = 3
 HOST = "127.0.0.1"
 
@@ -188,6 +192,7 @@ class EmbeddedZooKeeper:
         startup_timeout: float = 20.0,
         stop_timeout: float = 10.0,
         tick_time: int = 2000,
+        die_with_parent: bool = False,
     ) -> None:
         self._requested_port = port
         self._requested_data_dir = Path(data_dir) if data_dir is not None else None
@@ -196,6 +201,7 @@ class EmbeddedZooKeeper:
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
         self._tick_time = tick_time
+        self._die_with_parent = die_with_parent
         self._state = ServerState.NEW
         self._process: subprocess.Popen[bytes] | None = None
         self._port: int | None = None
@@ -273,6 +279,20 @@ class EmbeddedZooKeeper:
         if self._temporary and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
         self._state = ServerState.STOPPED
+
+    def detach(self) -> int:
+        """Leave the server running after this object and this interpreter are gone.
+
+        Returns its pid; stop it later with :func:`stop_detached` on its data directory.
+        """
+        if self._state is not ServerState.RUNNING or self._process is None:
+            raise EmbeddedServerError(f"cannot detach a server that is {self._state.value}")
+        pid = self._process.pid
+        _RUNNING.pop(id(self), None)
+        self._process = None
+        self._temporary = False
+        self._state = ServerState.STOPPED
+        return pid
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the server's log ('' when there is none)."""
@@ -352,6 +372,7 @@ class EmbeddedZooKeeper:
                 stderr=subprocess.STDOUT,
                 cwd=data_dir,
                 start_new_session=True,  # Ctrl-C reaches the parent only; it stops us in order
+                preexec_fn=die_with_parent if self._die_with_parent else None,
             )
         (data_dir / "zookeeper.pid").write_text(f"{self._process.pid}\n")
         _RUNNING[id(self)] = self
@@ -425,6 +446,57 @@ def _terminate(process: subprocess.Popen[bytes], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             continue
     process.wait()
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: ask Linux to SIGKILL it when its parent dies.
+
+    Used for processes that must never outlive a foreground supervisor, even one killed with
+    SIGKILL (which it cannot catch). A no-op where prctl is not available.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_detached(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bool:
+    """Stop the server a detached :class:`EmbeddedZooKeeper` left running in ``data_dir``.
+
+    The pid comes from ``<data dir>/zookeeper.pid`` and is only signalled if that process is
+    still a ZooKeeper JVM using this data directory (a recycled pid is left alone). Returns
+    whether a server was stopped.
+    """
+    pid_file = Path(data_dir) / "zookeeper.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (OSError, ValueError):
+        return False
+    if MAIN_CLASS not in command or not (
+        str(Path(data_dir).resolve()) in command or str(data_dir) in command
+    ):
+        return False
+    deadline = time.monotonic() + timeout
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        while time.monotonic() < deadline or sig == signal.SIGKILL:
+            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+                pid_file.unlink(missing_ok=True)
+                return True
+            time.sleep(0.05)
+            if sig == signal.SIGKILL and time.monotonic() > deadline + 5:
+                break
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 # Servers started and not yet stopped, so that interpreter exit stops them (last resort).

@@ -21,13 +21,6 @@ from broker.coordination.embedded import EmbeddedZooKeeper
 Expire = Callable[[KazooClient], None]
 
 
-@pytest.fixture(scope="session")
-def zookeeper() -> Iterator[EmbeddedZooKeeper]:
-    """A standalone ZooKeeper server for the whole test session."""
-    with EmbeddedZooKeeper() as server:
-        yield server
-
-
 @pytest.fixture
 def cluster() -> str:
     """A cluster name no other test uses."""
