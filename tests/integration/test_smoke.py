@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from conftest import StartCluster
+
 from broker.client import Client
 from broker.model.update import ContextUpdate
-from conftest import StartCluster
 
 
 def test_a_published_update_reaches_its_subscriber(start_cluster: StartCluster) -> None:
