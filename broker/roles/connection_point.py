@@ -21,16 +21,19 @@ import itertools
 import logging
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError, Message
 
 from broker.errors import (
     InvalidInput,
     InvalidUpdate,
     NotFound,
+    SerializationError,
     SilboError,
     Unavailable,
     mapping_for,
@@ -55,6 +58,7 @@ SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
 ACCESS_POINT_WAIT = 15.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
 _ROUTE = "/broker.wire.AccessPoint/Route"
+_M = TypeVar("_M", bound=Message)
 
 
 @dataclass(eq=False)
@@ -67,6 +71,26 @@ class _Session:
     next_number: int = 0
     failure: str = ""
     code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class _Malformed:
+    """Stands in for a message whose bytes did not parse (answered with INVALID_ARGUMENT)."""
+
+    def __init__(self, error: SerializationError) -> None:
+        self.error = error
+
+
+def _lenient(message: type[_M]) -> Callable[[bytes], _M]:
+    """A deserializer that returns a _Malformed (typed as the message) instead of raising."""
+
+    def parse(data: bytes) -> _M:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            error = SerializationError(f"the bytes received are not a {message.__name__}: {exc}")
+            return cast(_M, _Malformed(error))
+
+    return parse
 
 
 def _error(exc: SilboError) -> pb.Error:
@@ -90,7 +114,23 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     # -- the role's life ----------------------------------------------------------------
 
     def add_to(self, server: grpc.aio.Server) -> None:
-        pb_grpc.add_ConnectionPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        # The client API by hand rather than through the generated helper: its deserializers
+        # must not fail, so that bytes that are no message get an answer on the stream.
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+            "Publish": grpc.stream_stream_rpc_method_handler(
+                self.Publish,
+                request_deserializer=_lenient(pb.PublishRequest),
+                response_serializer=pb.PublishAck.SerializeToString,
+            ),
+            "Session": grpc.stream_stream_rpc_method_handler(
+                self.Session,
+                request_deserializer=_lenient(pb.SessionRequest),
+                response_serializer=pb.SessionEvent.SerializeToString,
+            ),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("broker.wire.ConnectionPoint", handlers),)
+        )
         wire_grpc.add_DeliveryServicer_to_server(self, server)  # type: ignore[no-untyped-call]
 
     async def start(self, context: ProcessContext) -> None:
@@ -129,6 +169,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         received = ctx.metrics.items_in.labels(kind="update")
         async for request in request_iterator:
             ctx.metrics.messages_in.labels(stream="Publish").inc()
+            if isinstance(request, _Malformed):
+                yield pb.PublishAck(error=_error(request.error))
+                continue
             try:
                 payload, count = self._updates(request, default_publisher)
                 link = await self._access_point()
@@ -199,6 +242,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             self._end(session, "")
 
     async def _serve(self, session: _Session, request: pb.SessionRequest) -> pb.SessionAck:
+        if isinstance(request, _Malformed):
+            return pb.SessionAck(error=_error(request.error))
         try:
             op = request.WhichOneof("op")
             if op == "subscribe":

@@ -20,15 +20,7 @@ class Value(_message.Message):
     null: bool
     json: str
     integer: int
-    def __init__(
-        self,
-        number: _Optional[float] = ...,
-        text: _Optional[str] = ...,
-        boolean: _Optional[bool] = ...,
-        null: _Optional[bool] = ...,
-        json: _Optional[str] = ...,
-        integer: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, number: _Optional[float] = ..., text: _Optional[str] = ..., boolean: _Optional[bool] = ..., null: _Optional[bool] = ..., json: _Optional[str] = ..., integer: _Optional[int] = ...) -> None: ...
 
 class Metadata(_message.Message):
     __slots__ = ("name", "type", "value")
@@ -38,12 +30,7 @@ class Metadata(_message.Message):
     name: str
     type: str
     value: Value
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        type: _Optional[str] = ...,
-        value: _Optional[_Union[Value, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class Attribute(_message.Message):
     __slots__ = ("name", "type", "value", "metadata")
@@ -55,13 +42,7 @@ class Attribute(_message.Message):
     type: str
     value: Value
     metadata: _containers.RepeatedCompositeFieldContainer[Metadata]
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        type: _Optional[str] = ...,
-        value: _Optional[_Union[Value, _Mapping]] = ...,
-        metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ..., metadata: _Optional[_Iterable[_Union[Metadata, _Mapping]]] = ...) -> None: ...
 
 class Entity(_message.Message):
     __slots__ = ("id", "type", "tenant", "service_path", "attributes")
@@ -75,14 +56,7 @@ class Entity(_message.Message):
     tenant: str
     service_path: str
     attributes: _containers.RepeatedCompositeFieldContainer[Attribute]
-    def __init__(
-        self,
-        id: _Optional[str] = ...,
-        type: _Optional[str] = ...,
-        tenant: _Optional[str] = ...,
-        service_path: _Optional[str] = ...,
-        attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("batch", "publisher", "first_sequence", "entities")
@@ -94,13 +68,7 @@ class PublishRequest(_message.Message):
     publisher: str
     first_sequence: int
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
-    def __init__(
-        self,
-        batch: _Optional[int] = ...,
-        publisher: _Optional[str] = ...,
-        first_sequence: _Optional[int] = ...,
-        entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, batch: _Optional[int] = ..., publisher: _Optional[str] = ..., first_sequence: _Optional[int] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -118,12 +86,7 @@ class PublishAck(_message.Message):
     batch: int
     accepted: int
     error: Error
-    def __init__(
-        self,
-        batch: _Optional[int] = ...,
-        accepted: _Optional[int] = ...,
-        error: _Optional[_Union[Error, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, batch: _Optional[int] = ..., accepted: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class EntitySelector(_message.Message):
     __slots__ = ("id", "id_pattern", "type", "type_pattern")
@@ -135,27 +98,10 @@ class EntitySelector(_message.Message):
     id_pattern: str
     type: str
     type_pattern: str
-    def __init__(
-        self,
-        id: _Optional[str] = ...,
-        id_pattern: _Optional[str] = ...,
-        type: _Optional[str] = ...,
-        type_pattern: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., id_pattern: _Optional[str] = ..., type: _Optional[str] = ..., type_pattern: _Optional[str] = ...) -> None: ...
 
 class SubscriptionSpec(_message.Message):
-    __slots__ = (
-        "id",
-        "entities",
-        "tenant",
-        "service_path",
-        "condition_attrs",
-        "q",
-        "mq",
-        "description",
-        "expires",
-        "attrs",
-    )
+    __slots__ = ("id", "entities", "tenant", "service_path", "condition_attrs", "q", "mq", "description", "expires", "attrs")
     ID_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -176,27 +122,13 @@ class SubscriptionSpec(_message.Message):
     description: str
     expires: float
     attrs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self,
-        id: _Optional[str] = ...,
-        entities: _Optional[_Iterable[_Union[EntitySelector, _Mapping]]] = ...,
-        tenant: _Optional[str] = ...,
-        service_path: _Optional[str] = ...,
-        condition_attrs: _Optional[_Iterable[str]] = ...,
-        q: _Optional[str] = ...,
-        mq: _Optional[str] = ...,
-        description: _Optional[str] = ...,
-        expires: _Optional[float] = ...,
-        attrs: _Optional[_Iterable[str]] = ...,
-    ) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., entities: _Optional[_Iterable[_Union[EntitySelector, _Mapping]]] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., condition_attrs: _Optional[_Iterable[str]] = ..., q: _Optional[str] = ..., mq: _Optional[str] = ..., description: _Optional[str] = ..., expires: _Optional[float] = ..., attrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("subscriptions",)
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionSpec]
-    def __init__(
-        self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ...
-    ) -> None: ...
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ...) -> None: ...
 
 class Unsubscribe(_message.Message):
     __slots__ = ("ids",)
@@ -212,12 +144,7 @@ class SessionRequest(_message.Message):
     request: int
     subscribe: Subscribe
     unsubscribe: Unsubscribe
-    def __init__(
-        self,
-        request: _Optional[int] = ...,
-        subscribe: _Optional[_Union[Subscribe, _Mapping]] = ...,
-        unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, request: _Optional[int] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ...) -> None: ...
 
 class SessionAck(_message.Message):
     __slots__ = ("request", "ids", "handles", "error")
@@ -229,13 +156,7 @@ class SessionAck(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[str]
     handles: _containers.RepeatedScalarFieldContainer[int]
     error: Error
-    def __init__(
-        self,
-        request: _Optional[int] = ...,
-        ids: _Optional[_Iterable[str]] = ...,
-        handles: _Optional[_Iterable[int]] = ...,
-        error: _Optional[_Union[Error, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., handles: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class NotificationBatch(_message.Message):
     __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
@@ -249,14 +170,7 @@ class NotificationBatch(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     entity_index: _containers.RepeatedScalarFieldContainer[int]
     handles: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ...,
-        publishers: _Optional[_Iterable[str]] = ...,
-        sequences: _Optional[_Iterable[int]] = ...,
-        entity_index: _Optional[_Iterable[int]] = ...,
-        handles: _Optional[_Iterable[int]] = ...,
-    ) -> None: ...
+    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("ack", "notifications")
@@ -264,8 +178,4 @@ class SessionEvent(_message.Message):
     NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
     ack: SessionAck
     notifications: NotificationBatch
-    def __init__(
-        self,
-        ack: _Optional[_Union[SessionAck, _Mapping]] = ...,
-        notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, ack: _Optional[_Union[SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ...) -> None: ...

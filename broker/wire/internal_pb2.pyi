@@ -16,15 +16,7 @@ class Hello(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Updates(_message.Message):
-    __slots__ = (
-        "first_seq",
-        "epoch",
-        "entities",
-        "publishers",
-        "sequences",
-        "exit_points",
-        "matchable",
-    )
+    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable")
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
@@ -39,16 +31,7 @@ class Updates(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     exit_points: _containers.RepeatedScalarFieldContainer[int]
     matchable: bytes
-    def __init__(
-        self,
-        first_seq: _Optional[int] = ...,
-        epoch: _Optional[int] = ...,
-        entities: _Optional[_Iterable[bytes]] = ...,
-        publishers: _Optional[_Iterable[str]] = ...,
-        sequences: _Optional[_Iterable[int]] = ...,
-        exit_points: _Optional[_Iterable[int]] = ...,
-        matchable: _Optional[bytes] = ...,
-    ) -> None: ...
+    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("handle", "subscription", "id")
@@ -58,12 +41,7 @@ class Placement(_message.Message):
     handle: int
     subscription: bytes
     id: str
-    def __init__(
-        self,
-        handle: _Optional[int] = ...,
-        subscription: _Optional[bytes] = ...,
-        id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, handle: _Optional[int] = ..., subscription: _Optional[bytes] = ..., id: _Optional[str] = ...) -> None: ...
 
 class Subscriptions(_message.Message):
     __slots__ = ("request", "placements")
@@ -71,11 +49,7 @@ class Subscriptions(_message.Message):
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     request: int
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(
-        self,
-        request: _Optional[int] = ...,
-        placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...,
-    ) -> None: ...
+    def __init__(self, request: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class Unsubscriptions(_message.Message):
     __slots__ = ("request", "ids")
@@ -83,9 +57,7 @@ class Unsubscriptions(_message.Message):
     IDS_FIELD_NUMBER: _ClassVar[int]
     request: int
     ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(
-        self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ...
-    ) -> None: ...
+    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Marker(_message.Message):
     __slots__ = ("kind", "epoch", "body")
@@ -95,9 +67,7 @@ class Marker(_message.Message):
     kind: str
     epoch: int
     body: bytes
-    def __init__(
-        self, kind: _Optional[str] = ..., epoch: _Optional[int] = ..., body: _Optional[bytes] = ...
-    ) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., epoch: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("hello", "updates", "subscriptions", "unsubscriptions", "marker")
@@ -111,14 +81,7 @@ class Batch(_message.Message):
     subscriptions: Subscriptions
     unsubscriptions: Unsubscriptions
     marker: Marker
-    def __init__(
-        self,
-        hello: _Optional[_Union[Hello, _Mapping]] = ...,
-        updates: _Optional[_Union[Updates, _Mapping]] = ...,
-        subscriptions: _Optional[_Union[Subscriptions, _Mapping]] = ...,
-        unsubscriptions: _Optional[_Union[Unsubscriptions, _Mapping]] = ...,
-        marker: _Optional[_Union[Marker, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., updates: _Optional[_Union[Updates, _Mapping]] = ..., subscriptions: _Optional[_Union[Subscriptions, _Mapping]] = ..., unsubscriptions: _Optional[_Union[Unsubscriptions, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class RequestAck(_message.Message):
     __slots__ = ("request", "ids", "error")
@@ -128,26 +91,10 @@ class RequestAck(_message.Message):
     request: int
     ids: _containers.RepeatedScalarFieldContainer[str]
     error: _client_pb2.Error
-    def __init__(
-        self,
-        request: _Optional[int] = ...,
-        ids: _Optional[_Iterable[str]] = ...,
-        error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class Partial(_message.Message):
-    __slots__ = (
-        "access_point",
-        "first_seq",
-        "last_seq",
-        "epoch",
-        "items",
-        "entities",
-        "publishers",
-        "sequences",
-        "counts",
-        "handles",
-    )
+    __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles")
     ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -168,19 +115,7 @@ class Partial(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     counts: _containers.RepeatedScalarFieldContainer[int]
     handles: bytes
-    def __init__(
-        self,
-        access_point: _Optional[str] = ...,
-        first_seq: _Optional[int] = ...,
-        last_seq: _Optional[int] = ...,
-        epoch: _Optional[int] = ...,
-        items: _Optional[_Iterable[int]] = ...,
-        entities: _Optional[_Iterable[bytes]] = ...,
-        publishers: _Optional[_Iterable[str]] = ...,
-        sequences: _Optional[_Iterable[int]] = ...,
-        counts: _Optional[_Iterable[int]] = ...,
-        handles: _Optional[bytes] = ...,
-    ) -> None: ...
+    def __init__(self, access_point: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[int]] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ...) -> None: ...
 
 class Gather(_message.Message):
     __slots__ = ("hello", "partial", "marker")
@@ -190,12 +125,7 @@ class Gather(_message.Message):
     hello: Hello
     partial: Partial
     marker: Marker
-    def __init__(
-        self,
-        hello: _Optional[_Union[Hello, _Mapping]] = ...,
-        partial: _Optional[_Union[Partial, _Mapping]] = ...,
-        marker: _Optional[_Union[Marker, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., partial: _Optional[_Union[Partial, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class Deliveries(_message.Message):
     __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
@@ -209,14 +139,7 @@ class Deliveries(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     entity_index: _containers.RepeatedScalarFieldContainer[int]
     handles: bytes
-    def __init__(
-        self,
-        entities: _Optional[_Iterable[bytes]] = ...,
-        publishers: _Optional[_Iterable[str]] = ...,
-        sequences: _Optional[_Iterable[int]] = ...,
-        entity_index: _Optional[_Iterable[int]] = ...,
-        handles: _Optional[bytes] = ...,
-    ) -> None: ...
+    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ...) -> None: ...
 
 class Handoff(_message.Message):
     __slots__ = ("hello", "deliveries", "marker")
@@ -226,12 +149,7 @@ class Handoff(_message.Message):
     hello: Hello
     deliveries: Deliveries
     marker: Marker
-    def __init__(
-        self,
-        hello: _Optional[_Union[Hello, _Mapping]] = ...,
-        deliveries: _Optional[_Union[Deliveries, _Mapping]] = ...,
-        marker: _Optional[_Union[Marker, _Mapping]] = ...,
-    ) -> None: ...
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()
@@ -250,7 +168,6 @@ class ProcessStatus(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -267,14 +184,4 @@ class ProcessStatus(_message.Message):
     subscriptions: int
     counters: _containers.ScalarMap[str, float]
     metrics: str
-    def __init__(
-        self,
-        name: _Optional[str] = ...,
-        role: _Optional[str] = ...,
-        address: _Optional[str] = ...,
-        pid: _Optional[int] = ...,
-        epoch: _Optional[int] = ...,
-        subscriptions: _Optional[int] = ...,
-        counters: _Optional[_Mapping[str, float]] = ...,
-        metrics: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., subscriptions: _Optional[int] = ..., counters: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[str] = ...) -> None: ...
