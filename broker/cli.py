@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from broker import demo
-from broker.bench import match
+from broker.bench import e2e, match
 from broker.commands import admin, run
 
 __all__ = ["build_parser", "main"]
@@ -41,6 +41,7 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
 # (name, one-line help, configure) of each ``silbo bench`` benchmark.
 _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("match", "index build and matching throughput of one matcher", match.configure),
+    ("e2e", "throughput and latency of a whole cluster, end to end", e2e.configure),
 )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+import numpy as np
 
 from broker.errors import (
     AlreadyExists,
@@ -430,7 +431,9 @@ class Client:
                 batch.entities, batch.publishers, batch.sequences, strict=True
             )
         ]
-        for index, handle in zip(batch.entity_index, batch.handles, strict=True):
+        indexes = np.frombuffer(batch.entity_index, dtype="<u4").tolist()
+        handles = np.frombuffer(batch.handles, dtype="<u8").tolist()
+        for index, handle in zip(indexes, handles, strict=True):
             subscription_id = self._handles.get(handle)
             entry = self._subscriptions.get(subscription_id) if subscription_id else None
             if entry is not None:

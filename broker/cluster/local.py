@@ -1,54 +1,112 @@
 """Start and stop a whole Silbo cluster on this machine (``silbo up`` / ``silbo down``).
 
-:class:`LocalCluster` starts, in order: an embedded ZooKeeper (unless one is given), then
-every broker process (``silbo run ROLE`` as a child, its output in ``STATE_DIR/logs``), waits
-until each has registered in ZooKeeper, forms the cluster (its first configuration), and
-writes ``STATE_DIR/cluster.json``::
+:class:`LocalCluster` starts, in order: an embedded ZooKeeper (unless one is given; its data
+starts empty every time), then every broker process (``silbo run ROLE`` as a child, its output
+in ``STATE_DIR/logs``), waits until each has registered in ZooKeeper, forms the cluster (its
+first configuration, over exactly the matchers it started), and writes
+``STATE_DIR/cluster.json``::
 
-    {"cluster": "silbo", "state_dir": "/abs/.silbo", "supervisor": 1234, "detached": false,
+    {"cluster": "silbo", "state_dir": "/abs/.silbo", "status": "running",
+     "supervisor": 1234, "supervisor_start_time": 81234, "detached": false,
      "zookeeper": {"address": "127.0.0.1:40123", "embedded": true, "pid": 1200,
-                   "data_dir": "/abs/.silbo/zookeeper"},
+                   "start_time": 81240, "data_dir": "/abs/.silbo/zookeeper"},
      "endpoints": ["127.0.0.1:7777"],
      "processes": [{"role": "matcher", "name": "matcher-...-0000000000", "pid": 1201,
-                    "address": "127.0.0.1:39031", "metrics": "127.0.0.1:41002",
-                    "log": "/abs/.silbo/logs/matcher-1.log"}, ...]}
+                    "start_time": 81301, "address": "127.0.0.1:39031",
+                    "metrics": "127.0.0.1:41002", "log": "/abs/.silbo/logs/matcher-1.log"}, ...]}
+
+cluster.json is first written with ``"status": "starting"`` as soon as the processes exist
+(so that ``silbo down`` finds them even if the start never completes), then rewritten with
+``"running"``. A ``start_time`` is the process's start in clock ticks since boot (field 22 of
+``/proc/PID/stat``): a pid is only ever signalled while it is still that same process.
+
+One cluster per state directory: :meth:`LocalCluster.start` takes ``STATE_DIR/lock`` (an
+``flock`` held while starting, and for a foreground cluster until it stops), and refuses to
+start while any process cluster.json names is still alive (:class:`ClusterBusy`). The
+connection points' ports are checked before anything starts (:class:`PortTaken`): gRPC
+servers bind with SO_REUSEPORT, so a child would otherwise share a port another cluster's
+connection point holds rather than fail.
 
 Children never outlive their supervisor by accident: in the foreground they are started with
-a parent-death signal (SIGKILL when the supervisor dies, even by SIGKILL) and stopped in
-order on stop; detached ones run in their own sessions, hold none of the caller's terminal or
-pipes, and are stopped by :func:`stop_cluster` from cluster.json (which checks every pid is
-still the process it started before signalling it).
+a parent-death signal (SIGKILL when the supervisor dies, even by SIGKILL) and stopped on
+:meth:`LocalCluster.stop`; detached ones run in their own sessions, hold none of the caller's
+terminal or pipes, and are stopped by :func:`stop_cluster` from cluster.json. SIGINT, SIGTERM
+and SIGHUP are held back while a child is being spawned and recorded, so a signal handler that
+raises cannot leave an untracked child behind. (A *detached* start killed with SIGKILL before
+it completes leaves its processes running; ``silbo down`` stops them from the "starting"
+cluster.json.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
+import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from broker.coordination.client import connect
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from broker.coordination.client import chroot_of, connect
+from broker.coordination.configuration import CONFIG, ClusterConfiguration, Configuration
 from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, stop_detached
-from broker.coordination.errors import CoordinationError
-from broker.coordination.formation import form
+from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 
-__all__ = ["ClusterError", "ClusterSpec", "LocalCluster", "read_cluster", "stop_cluster"]
+__all__ = [
+    "ClusterBusy",
+    "ClusterError",
+    "ClusterSpec",
+    "LocalCluster",
+    "NoCluster",
+    "PortTaken",
+    "live_processes",
+    "read_cluster",
+    "stop_cluster",
+]
 
 STATE_FILE = "cluster.json"
+LOCK_FILE = "lock"
 STOP_GRACE = 10.0
+HOST = "127.0.0.1"
+_DEFERRED_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 class ClusterError(SilboError):
     """The local cluster could not be started or stopped (the message says why)."""
+
+
+class ClusterBusy(ClusterError):
+    """A cluster is already starting or running from that state directory (or that name)."""
+
+
+class PortTaken(ClusterError):
+    """A connection point's port is already in use."""
+
+    def __init__(self, port: int, detail: str = "already in use") -> None:
+        super().__init__(
+            f"port {port} ({HOST}:{port}) is {detail}; choose another with --grpc-port "
+            "(0: any free port)"
+        )
+        self.port = port
+
+
+class NoCluster(ClusterError):
+    """No cluster is described in that state directory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +126,25 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         problems = [
-            f"--{name.replace('_', '-')} must be at least 1"
+            f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}"
             for name in ("matchers", "access_points", "exit_points", "connection_points")
             if getattr(self, name) < 1
         ]
+        last = self.grpc_port + max(self.connection_points, 1) - 1
         if not 0 <= self.grpc_port <= 65535:
-            problems.append(f"--grpc-port {self.grpc_port} is not a port")
+            problems.append(f"--grpc-port {self.grpc_port} is not a port (0 to 65535)")
+        elif self.grpc_port and last > 65535:
+            problems.append(
+                f"--grpc-port {self.grpc_port} leaves no room for {self.connection_points} "
+                "connection points (they use consecutive ports)"
+            )
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            problems.append(f"--log-level {self.log_level} is not a logging level")
+        if self.zk is not None and not self.zk.strip():
+            problems.append("--zk must name HOST:PORT")
         if problems:
             raise InvalidInput("; ".join(problems))
+        chroot_of(self.cluster)  # InvalidIdentifier (an InvalidInput) for an unusable name
 
     def counts(self) -> dict[Role, int]:
         """Processes per role, in start order."""
@@ -92,6 +161,7 @@ class _Child:
     role: Role
     process: subprocess.Popen[bytes]
     log: Path
+    start_time: int | None
     member: Member | None = None
 
 
@@ -104,6 +174,10 @@ class LocalCluster:
         self._zookeeper: EmbeddedZooKeeper | None = None
         self._zk_address = spec.zk or ""
         self._children: list[_Child] = []
+        self._lock_fd: int | None = None
+        self._status = "new"
+        self._wrote_state = False
+        self._detached = False
         self.description: dict[str, Any] = {}
 
     @property
@@ -117,22 +191,34 @@ class LocalCluster:
         return list(self.description.get("endpoints", []))
 
     def start(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Start everything, wait until it serves, write cluster.json; its content."""
-        existing = read_cluster(self.state_dir)
-        if existing is not None and _alive(existing):
-            raise ClusterError(
-                f"a cluster is already running from {self.state_dir} "
-                f"(supervisor pid {existing.get('supervisor')}); stop it with silbo down"
-            )
-        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        """Start everything, wait until it serves, write cluster.json; its content.
+
+        ClusterBusy if a cluster is starting or running from the state directory, PortTaken
+        if a connection point's port is taken (nothing is started then); on any failure
+        (or an exception raised by a signal handler) everything started is stopped again.
+        """
+        if self._status != "new":
+            raise ClusterError(f"this cluster was already started (it is {self._status})")
+        self._status = "starting"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         try:
+            self._check_not_running()
+            self._check_ports()
+        except BaseException:
+            self._unlock()
+            self._status = "stopped"
+            raise
+        try:
+            (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
             if self.spec.zk is None:
-                self._zookeeper = EmbeddedZooKeeper(
-                    data_dir=self.state_dir / "zookeeper", die_with_parent=not self.spec.detach
-                ).start()
-                self._zk_address = self._zookeeper.address
+                self._start_zookeeper()
+            self._write(self._describe())
+            self._prepare_chroot()
             self._spawn_all()
-            self._await_members(timeout)
+            self._write(self._describe())
+            self._await_members_and_form(timeout)
+            self._status = "running"
             self.description = self._describe()
             self._write(self.description)
         except BaseException:
@@ -141,7 +227,13 @@ class LocalCluster:
         return self.description
 
     def stop(self) -> None:
-        """Stop every child (SIGTERM, SIGKILL after a grace period) and the embedded ZooKeeper."""
+        """Stop every child (SIGTERM, SIGKILL after a grace period) and the embedded ZooKeeper.
+
+        Idempotent; a no-op once :meth:`detach` was called (use :func:`stop_cluster` then).
+        Removes cluster.json only if this object wrote it.
+        """
+        if self._detached:
+            return
         for child in reversed(self._children):
             with contextlib.suppress(ProcessLookupError):
                 child.process.send_signal(signal.SIGTERM)
@@ -156,19 +248,36 @@ class LocalCluster:
         if self._zookeeper is not None:
             self._zookeeper.stop()
             self._zookeeper = None
-        (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+        if self._wrote_state:
+            (self.state_dir / STATE_FILE).unlink(missing_ok=True)
+            self._wrote_state = False
+        self._unlock()
+        self._status = "stopped"
 
     def detach(self) -> None:
-        """Leave everything running after this object (and this interpreter) are gone."""
+        """Leave everything running after this object (and this interpreter) are gone.
+
+        Only a started cluster whose spec says ``detach`` can be detached: the others'
+        children die with this process (their parent-death signal).
+        """
+        if self._status != "running" or not self.spec.detach:
+            raise ClusterError(
+                f"only a running cluster started with detach=True can be detached "
+                f"(this one is {self._status}, detach={self.spec.detach})"
+            )
         if self._zookeeper is not None:
             self._zookeeper.detach()
             self._zookeeper = None
         self._children.clear()
+        self._detached = True
+        self._status = "detached"
+        self._unlock()
 
     def poll(self) -> list[str]:
-        """Children that have exited, as 'role (pid) exited with N' lines."""
+        """Children that have exited, as 'role (pid N) exited with S (log: PATH)' lines."""
         return [
-            f"{c.role.value} (pid {c.process.pid}) exited with {c.process.returncode}"
+            f"{c.role.value} (pid {c.process.pid}) exited with {c.process.returncode} "
+            f"(log: {c.log})"
             for c in self._children
             if c.process.poll() is not None
         ]
@@ -182,13 +291,99 @@ class LocalCluster:
 
     # -- private helpers --------------------------------------------------------------------
 
+    def _lock(self) -> None:
+        path = self.state_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ClusterBusy(
+                f"a cluster is already starting or running from {self.state_dir} "
+                f"(supervisor pid {holder}); stop it with: silbo down --state-dir {self.state_dir}"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+    def _check_not_running(self) -> None:
+        existing = read_cluster(self.state_dir)
+        if existing is None:
+            return
+        alive = live_processes(existing)
+        if alive:
+            raise ClusterBusy(
+                f"a cluster ({existing.get('cluster')}) is already running from "
+                f"{self.state_dir} (pids {', '.join(map(str, alive))}); "
+                f"stop it with: silbo down --state-dir {self.state_dir}"
+            )
+
+    def _check_ports(self) -> None:
+        if not self.spec.grpc_port:
+            return
+        for port in range(self.spec.grpc_port, self.spec.grpc_port + self.spec.connection_points):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                # As gRPC binds (SO_REUSEADDR on): only a live socket makes the port taken.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind((HOST, port))
+                except OSError as exc:
+                    if exc.errno == errno.EADDRINUSE:
+                        raise PortTaken(port) from exc
+                    raise PortTaken(port, f"not usable ({exc.strerror})") from exc
+
+    def _start_zookeeper(self) -> None:
+        data_dir = self.state_dir / "zookeeper"
+        # Nothing in cluster.json is alive and we hold the lock: whatever runs on this data
+        # directory is left over from an interrupted start, and its data is stale (old
+        # members, an old configuration naming matchers that are gone).
+        stop_detached(data_dir)
+        shutil.rmtree(data_dir / "data", ignore_errors=True)
+        self._zookeeper = EmbeddedZooKeeper(
+            data_dir=data_dir, die_with_parent=not self.spec.detach
+        ).start()
+        self._zk_address = self._zookeeper.address
+
+    def _connect(self) -> KazooClient:
+        return connect(self._zk_address, cluster=self.spec.cluster, timeout=10.0)
+
+    def _prepare_chroot(self) -> None:
+        """Check ZooKeeper answers, and clear the configuration a stopped cluster left."""
+        client = self._connect()
+        try:
+            existing = ClusterConfiguration(client).read()
+            if existing is None:
+                return
+            configured = set(existing.configuration.matchers)
+            alive = [m.name for m in members(client, Role.MATCHER.value) if _may_be_alive(m)]
+            in_use = sorted(configured.intersection(alive))
+            if in_use:
+                raise ClusterBusy(
+                    f"cluster {self.spec.cluster} in ZooKeeper {self._zk_address} is in use "
+                    f"(its matchers {', '.join(in_use)} are registered); choose another "
+                    "--cluster name"
+                )
+            with (
+                translated("remove the configuration a stopped cluster left"),
+                contextlib.suppress(NoNodeError),
+            ):
+                client.delete(CONFIG)
+        finally:
+            _close(client)
+
     def _spawn_all(self) -> None:
         port = self.spec.grpc_port
         for role, count in self.spec.counts().items():
             for i in range(count):
-                listen = "127.0.0.1:0"
+                listen = f"{HOST}:0"
                 if role is Role.CONNECTION_POINT and port:
-                    listen = f"127.0.0.1:{port + i}"
+                    listen = f"{HOST}:{port + i}"
                 self._spawn(role, i + 1, listen)
 
     def _spawn(self, role: Role, number: int, listen: str) -> None:
@@ -208,20 +403,21 @@ class LocalCluster:
             "--log-level",
             self.spec.log_level,
         ]
-        with open(log, "ab") as out:
+        with _signals_held() as mask, open(log, "ab") as out:
+            setup = _ChildSetup(os.getpid(), mask, die=not self.spec.detach)
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us in order
-                preexec_fn=None if self.spec.detach else die_with_parent,
+                start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us
+                preexec_fn=setup,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        self._children.append(_Child(role, process, log))
+            self._children.append(_Child(role, process, log, _start_time(process.pid)))
 
-    def _await_members(self, timeout: float) -> None:
-        client = connect(self._zk_address, cluster=self.spec.cluster, timeout=10.0)
+    def _await_members_and_form(self, timeout: float) -> None:
+        client = self._connect()
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -230,7 +426,7 @@ class LocalCluster:
                     child = exited[0]
                     raise ClusterError(
                         f"{child.role.value} exited with {child.process.returncode} while "
-                        f"starting:\n{_tail(child.log)}"
+                        f"starting (log: {child.log}):\n{_tail(child.log)}"
                     )
                 by_pid = {m.pid: m for m in members(client)}
                 for child in self._children:
@@ -239,43 +435,55 @@ class LocalCluster:
                     break
                 if time.monotonic() > deadline:
                     missing = [c.role.value for c in self._children if c.member is None]
-                    raise ClusterError(f"not registered within {timeout:.0f} s: {missing}")
+                    raise ClusterError(f"not registered within {timeout:g} s: {missing}")
                 time.sleep(0.1)
+            # Exactly the matchers started here, in registration order (never someone
+            # else's, nor a registration a killed process left behind).
+            ours = sorted(
+                (c.member for c in self._children if c.role is Role.MATCHER and c.member),
+                key=lambda m: m.sequence,
+            )
             try:
-                form(client, self.spec.matchers, timeout=timeout)
-            except CoordinationError as exc:
-                raise ClusterError(f"cannot form the cluster: {exc}") from exc
+                ClusterConfiguration(client).create(Configuration.of(1, [m.name for m in ours]))
+            except ConfigurationConflict as exc:
+                raise ClusterBusy(
+                    f"cluster {self.spec.cluster} in ZooKeeper {self._zk_address} was formed "
+                    "by someone else while starting; choose another --cluster name"
+                ) from exc
         finally:
-            client.stop()
-            client.close()
+            _close(client)
 
     def _describe(self) -> dict[str, Any]:
-        processes = []
-        for child in self._children:
-            assert child.member is not None
-            processes.append(
-                {
-                    "role": child.role.value,
-                    "name": child.member.name,
-                    "pid": child.process.pid,
-                    "address": child.member.address,
-                    "metrics": child.member.metrics,
-                    "log": str(child.log),
-                }
-            )
+        processes = [
+            {
+                "role": child.role.value,
+                "name": child.member.name if child.member else None,
+                "pid": child.process.pid,
+                "start_time": child.start_time,
+                "address": child.member.address if child.member else None,
+                "metrics": child.member.metrics if child.member else None,
+                "log": str(child.log),
+            }
+            for child in self._children
+        ]
         zookeeper: dict[str, Any] = {"address": self._zk_address, "embedded": self.spec.zk is None}
-        if self._zookeeper is not None:
+        if self._zookeeper is not None and self._zookeeper.pid is not None:
             zookeeper["pid"] = self._zookeeper.pid
+            zookeeper["start_time"] = _start_time(self._zookeeper.pid)
             zookeeper["data_dir"] = str(self._zookeeper.data_dir)
         return {
             "cluster": self.spec.cluster,
             "state_dir": str(self.state_dir),
+            "status": self._status,
             "supervisor": os.getpid(),
+            "supervisor_start_time": _start_time(os.getpid()),
             "detached": self.spec.detach,
             "started": time.time(),
             "zookeeper": zookeeper,
             "endpoints": [
-                p["address"] for p in processes if p["role"] == Role.CONNECTION_POINT.value
+                p["address"]
+                for p in processes
+                if p["role"] == Role.CONNECTION_POINT.value and p["address"]
             ],
             "processes": processes,
         }
@@ -285,54 +493,155 @@ class LocalCluster:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(description, indent=2) + "\n")
         tmp.replace(path)
+        self._wrote_state = True
+
+
+@dataclass(frozen=True, slots=True)
+class _ChildSetup:
+    """Runs in a child between fork and exec (keep it to async-signal-tolerant calls)."""
+
+    parent: int
+    mask: frozenset[int]
+    die: bool
+
+    def __call__(self) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)  # undo _signals_held
+        if self.die:
+            die_with_parent()
+            if os.getppid() != self.parent:  # the parent died before prctl took effect
+                os._exit(1)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[frozenset[int]]:
+    """Hold SIGINT/SIGTERM/SIGHUP back in this thread; yields the mask to restore in a child."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED_SIGNALS)
+    try:
+        yield frozenset(int(s) for s in previous)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def read_cluster(state_dir: Path) -> dict[str, Any] | None:
     """The cluster.json of ``state_dir``, or None if there is none (or it is unreadable)."""
     try:
-        found: dict[str, Any] = json.loads((Path(state_dir) / STATE_FILE).read_text())
-        return found
+        found = json.loads((Path(state_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
+
+
+def live_processes(description: dict[str, Any]) -> list[int]:
+    """The pids of a cluster.json's processes still running: supervisor, children, ZooKeeper.
+
+    The supervisor counts while the cluster is in the foreground or still starting (a
+    detached one exits once started), unless it is this very process.
+    """
+    return [pid for pid, _kind in _live(description)]
 
 
 def stop_cluster(state_dir: Path, *, grace: float = STOP_GRACE, out: IO[str] | None = None) -> int:
-    """Stop the cluster described in ``STATE_DIR/cluster.json``; how many processes it stopped.
+    """Stop the cluster described in ``STATE_DIR/cluster.json``; how many processes were running.
 
-    Each pid is signalled only while it is still the ``silbo run`` process it was (a recycled
-    pid is left alone). SIGTERM first, SIGKILL after ``grace`` seconds; the embedded ZooKeeper
-    last.
+    A foreground (or still starting) supervisor is asked first (SIGTERM): it stops its own
+    children in order. Then every child still running gets SIGTERM, SIGKILL after ``grace``
+    seconds; the embedded ZooKeeper last. A pid is signalled only while it is still the
+    process that was started (a recycled pid is left alone). cluster.json is removed once
+    nothing is left; 0 means nothing was running (the stale file is removed). NoCluster when
+    there is no cluster.json, ClusterError if a process could not be stopped.
     """
+    state_dir = Path(state_dir)
     description = read_cluster(state_dir)
     if description is None:
-        raise ClusterError(f"no cluster described in {Path(state_dir) / STATE_FILE}")
-    pids = [
-        int(p["pid"])
-        for p in description.get("processes", [])
-        if _is_ours(int(p["pid"]), p.get("role", ""))
-    ]
-    supervisor = int(description.get("supervisor", 0))
-    if supervisor and not description.get("detached") and _is_supervisor(supervisor):
-        pids.append(supervisor)  # a foreground `silbo up`: it stops its own children too
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in pids:
-        if _running(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline + 5:
-        time.sleep(0.05)
-    zookeeper = description.get("zookeeper", {})
+        # A detached start killed before it wrote cluster.json may have left its ZooKeeper.
+        if stop_detached(state_dir / "zookeeper", timeout=grace):
+            return 1
+        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
+    alive = _live(description)
+    supervisors = [pid for pid, kind in alive if kind == "supervisor"]
+    children = [pid for pid, kind in alive if kind == "process"]
+    _terminate(supervisors, grace=2 * grace + 5)  # it takes up to grace per stage to stop
+    _terminate([pid for pid in children if _running(pid)], grace=grace)
+    zookeeper = description.get("zookeeper") or {}
     if zookeeper.get("embedded") and zookeeper.get("data_dir"):
         stop_detached(zookeeper["data_dir"], timeout=grace)
-    (Path(state_dir) / STATE_FILE).unlink(missing_ok=True)
+    left = [pid for pid, _kind in _live(description)]
+    if left:
+        raise ClusterError(f"could not stop processes {left} of cluster {description['cluster']}")
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
     if out is not None:
-        print(f"stopped {len(pids)} processes of cluster {description.get('cluster')}", file=out)
-    return len(pids)
+        print(f"stopped {len(alive)} processes of cluster {description.get('cluster')}", file=out)
+    return len(alive)
+
+
+def _live(description: dict[str, Any]) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    supervisor = int(description.get("supervisor") or 0)
+    supervising = not description.get("detached") or description.get("status") == "starting"
+    if (
+        supervisor
+        and supervisor != os.getpid()
+        and supervising
+        and _same_process(supervisor, description.get("supervisor_start_time"), " up")
+    ):
+        found.append((supervisor, "supervisor"))
+    for entry in description.get("processes") or []:
+        pid = int(entry.get("pid") or 0)
+        if pid and _same_process(pid, entry.get("start_time"), "broker.cli run"):
+            found.append((pid, "process"))
+    zookeeper = description.get("zookeeper") or {}
+    pid = int(zookeeper.get("pid") or 0)
+    embedded = bool(zookeeper.get("embedded"))
+    if embedded and pid and _same_process(pid, zookeeper.get("start_time"), "ZooKeeperServerMain"):
+        found.append((pid, "zookeeper"))
+    return found
+
+
+def _terminate(pids: list[int], *, grace: float) -> None:
+    """SIGTERM ``pids``, wait up to ``grace`` seconds, SIGKILL what is left and wait for it."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        pids = [pid for pid in pids if _running(pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        _wait_gone(pids, wait)
+
+
+def _wait_gone(pids: Iterable[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pids = list(pids)
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _may_be_alive(member: Member) -> bool:
+    """False for a registration on this host whose process is gone (its session lingers)."""
+    return not (member.address.startswith("127.") and not _running(member.pid))
+
+
+def _close(client: KazooClient) -> None:
+    with contextlib.suppress(Exception):  # best effort: the session ends with us anyway
+        client.stop()
+        client.close()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (None if it is gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and bool(fields) and fields[0] not in ("Z", "X")
 
 
 def _cmdline(pid: int) -> str:
@@ -342,28 +651,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _is_ours(pid: int, role: str) -> bool:
-    command = _cmdline(pid)
-    return "broker.cli run" in command and role in command
-
-
-def _is_supervisor(pid: int) -> bool:
-    command = _cmdline(pid)
-    return " up" in command and ("silbo" in command or "broker.cli" in command)
-
-
-def _running(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().split(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+def _same_process(pid: int, start_time: object, marker: str) -> bool:
+    """Whether ``pid`` runs and is the process recorded (its start time, else its command)."""
+    if not _running(pid):
         return False
-
-
-def _alive(description: dict[str, Any]) -> bool:
-    return any(
-        _is_ours(int(p.get("pid", 0)), p.get("role", "")) for p in description.get("processes", [])
-    )
+    if isinstance(start_time, int):
+        return _start_time(pid) == start_time
+    return marker in _cmdline(pid)  # written by an older version: no start time recorded
 
 
 def _tail(path: Path, lines: int = 20) -> str:

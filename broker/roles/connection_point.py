@@ -376,8 +376,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             batch = pb.NotificationBatch(
                 publishers=[deliveries.publishers[i] for i in used.tolist()],
                 sequences=[deliveries.sequences[i] for i in used.tolist()],
-                entity_index=index.tolist(),
-                handles=handles[chosen].tolist(),
+                entity_index=index.astype("<u4").tobytes(),
+                handles=handles[chosen].tobytes(),
             )
             for i in used.tolist():
                 batch.entities.add().MergeFromString(deliveries.entities[i])

@@ -41,6 +41,7 @@ _log = logging.getLogger(__name__)
 
 _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
+_NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
 class Matcher(wire_grpc.MatcherServicer):
@@ -151,32 +152,45 @@ class Matcher(wire_grpc.MatcherServicer):
     async def _match(self, access_point: str, updates: wire.Updates) -> None:
         ctx = self._ctx()
         started = time.perf_counter()
-        objs = unpackb(updates.matchable)
-        batch = [trusted_update_from_obj(obj) for obj in objs]
+        batch = [trusted_update_from_obj(obj) for obj in unpackb(updates.matchable)]
         results = self._engine.match_batch_slots(batch)
         count = len(batch)
+        lengths = np.fromiter(map(len, results), dtype=np.int64, count=count)
+        items = np.flatnonzero(lengths)
+        exit_points = np.asarray(updates.exit_points, dtype=np.int64)[items]
+        handles = (
+            self._handles[np.concatenate([results[i] for i in items.tolist()])]
+            if len(items)
+            else _NO_HANDLES
+        )
+        ends = np.cumsum(lengths[items])
         partials: dict[int, wire.Partial] = {}
-        handle_runs: dict[int, list[npt.NDArray[np.uint64]]] = {}
-        exit_points = updates.exit_points
-        matched = 0
-        for i, slots in enumerate(results):
-            if not len(slots):
-                continue
-            target = exit_points[i]
-            partial = partials.get(target)
-            if partial is None:
-                partial = partials[target] = wire.Partial()
-                handle_runs[target] = []
-            partial.items.append(i)
-            partial.entities.append(updates.entities[i])
-            partial.publishers.append(updates.publishers[i])
-            partial.sequences.append(updates.sequences[i])
-            partial.counts.append(len(slots))
-            handle_runs[target].append(self._handles[slots])
-            matched += len(slots)
+        targets = np.unique(exit_points).tolist()
+        for target in targets:
+            chosen = items if len(targets) == 1 else items[exit_points == target]
+            rows = chosen.tolist()
+            if len(targets) == 1:
+                chosen_handles = handles
+            else:
+                mask = exit_points == target
+                starts = ends - lengths[items]
+                chosen_handles = np.concatenate(
+                    [
+                        handles[a:b]
+                        for a, b in zip(starts[mask].tolist(), ends[mask].tolist(), strict=True)
+                    ]
+                )
+            partials[target] = wire.Partial(
+                items=rows,
+                entities=[updates.entities[i] for i in rows],
+                publishers=[updates.publishers[i] for i in rows],
+                sequences=[updates.sequences[i] for i in rows],
+                counts=lengths[chosen].tolist(),
+                handles=chosen_handles.astype("<u8", copy=False).tobytes(),
+            )
         ctx.metrics.stage_seconds.labels(stage="match").observe(time.perf_counter() - started)
         ctx.metrics.items_in.labels(kind="update").inc(count)
-        ctx.metrics.items_out.labels(kind="match").inc(matched)
+        ctx.metrics.items_out.labels(kind="match").inc(len(handles))
         await self._await_exit_points(set(partials))
         last = updates.first_seq + count - 1
         for sequence, link in list(self._links.items()):
@@ -185,9 +199,6 @@ class Matcher(wire_grpc.MatcherServicer):
             partial.first_seq = updates.first_seq
             partial.last_seq = last
             partial.epoch = updates.epoch
-            runs = handle_runs.get(sequence)
-            if runs:
-                partial.handles = np.concatenate(runs).astype("<u8").tobytes()
             await link.send(wire.Gather(partial=partial).SerializeToString())
 
     async def _await_exit_points(self, wanted: set[int]) -> None:

@@ -168,9 +168,9 @@ class NotificationBatch(_message.Message):
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
     publishers: _containers.RepeatedScalarFieldContainer[str]
     sequences: _containers.RepeatedScalarFieldContainer[int]
-    entity_index: _containers.RepeatedScalarFieldContainer[int]
-    handles: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[_Iterable[int]] = ...) -> None: ...
+    entity_index: bytes
+    handles: bytes
+    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("ack", "notifications")

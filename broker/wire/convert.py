@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import InvalidInput, InvalidUpdate, InvalidValue
@@ -236,18 +236,24 @@ def spec_from_subscription(subscription: Subscription) -> pb.SubscriptionSpec:
 # -- the connection point's check: validate a client's Entity, get the matchable form ------
 
 _CACHE_LIMIT = 1 << 16
-_checked: dict[tuple[str, str], str] = {}  # (what, text) -> interned text, known valid
+# Texts already found valid, per kind (they repeat a lot: names, types, ids, paths).
+_identifiers: dict[str, str] = {}
+_tenants: dict[str, str] = {}
+_paths: dict[str, str] = {}
 
 
-def _known(check: Any, value: str, what: str) -> str:
-    key = (what, value)
-    found = _checked.get(key)
+def _identifier(value: str, what: str) -> str:
+    found = _identifiers.get(value)
     if found is None:
-        found = check(value, what) if what != "tenant" and what != "service path" else check(value)
-        if len(_checked) >= _CACHE_LIMIT:
-            _checked.clear()
-        _checked[key] = found
+        found = _remember(_identifiers, value, check_identifier(value, what))
     return found
+
+
+def _remember(cache: dict[str, str], key: str, value: str) -> str:
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def normalize_entity(entity: pb.Entity) -> list[Any]:
@@ -255,47 +261,73 @@ def normalize_entity(entity: pb.Entity) -> list[Any]:
     array (the layout of broker.serialization.update_to_obj, publisher '' and sequence 0).
 
     Raises InvalidInput subclasses naming the field, as the model's constructors do; the
-    checks are the model's, with identifiers already seen remembered (they repeat a lot).
+    checks are the model's, with texts already found valid remembered (they repeat a lot).
+    This runs once per published update on the connection point, so it is written for speed.
     """
     if not entity.type:
         entity.type = DEFAULT_ENTITY_TYPE
     if not entity.service_path:
         entity.service_path = DEFAULT_SERVICE_PATH
-    entity_id = _known(check_identifier, entity.id, "entity id")
-    entity_type = _known(check_identifier, entity.type, "entity type")
-    tenant = _known(check_tenant, entity.tenant, "tenant")
-    path = _known(check_service_path, entity.service_path, "service path")
+    entity_id = _identifier(entity.id, "entity id")
+    entity_type = _identifier(entity.type, "entity type")
+    tenant = entity.tenant
+    if tenant not in _tenants:
+        _remember(_tenants, tenant, check_tenant(tenant))
+    path = entity.service_path
+    if path not in _paths:
+        _remember(_paths, path, check_service_path(path))
     attributes: list[Any] = []
     seen: set[str] = set()
+    identifiers = _identifiers
     for wire in entity.attributes:
-        name = _known(check_identifier, wire.name, "attribute name")
+        name = wire.name
+        if name not in identifiers:
+            _identifier(name, "attribute name")
         if name in seen:
             raise InvalidUpdate(f"attribute {name!r} is given twice")
         if name in RESERVED_ATTRIBUTE_NAMES:
             raise InvalidUpdate(f"attribute name {name!r} is reserved")
         seen.add(name)
-        what = f"attribute {name!r}"
-        value = _checked_value(wire.value, what)
-        if not wire.type:
-            wire.type = default_type(value)
-        type_ = _known(check_identifier, wire.type, "attribute type")
+        wire_value = wire.value
+        kind = wire_value.WhichOneof("kind")
+        if kind == "number":
+            value: Any = wire_value.number
+            if value - value != 0:  # inf or nan
+                raise InvalidValue(f"attribute {name!r} is {value}, which JSON cannot carry")
+        elif kind == "text":
+            value = wire_value.text
+            if len(value) > MAX_STRING_LENGTH:
+                raise InvalidValue(f"attribute {name!r} is a string of {len(value)} characters")
+        elif kind == "integer":
+            value = wire_value.integer
+        else:
+            value = _checked_value(wire_value, f"attribute {name!r}")
+        type_ = wire.type
+        if not type_:
+            type_ = wire.type = default_type(value)
+        if type_ not in identifiers:
+            _identifier(type_, "attribute type")
         if type_ in DATE_TYPES and value is not None:
-            _check_date(value, what, type_)
-        metadata: list[Any] = []
-        for meta in wire.metadata:
-            meta_what = f"{what} metadata {meta.name!r}"
-            key = _known(check_identifier, meta.name, "metadata name")
-            item = _checked_value(meta.value, meta_what)
-            if not meta.type:
-                meta.type = default_type(item)
-            meta_type = _known(check_identifier, meta.type, "metadata type")
-            if meta_type in DATE_TYPES and item is not None:
-                _check_date(item, meta_what, meta_type)
-            metadata.append([key, meta_type, item])
-        if len({m[0] for m in metadata}) != len(metadata):
-            raise InvalidUpdate(f"{what} names a metadata item twice")
-        attributes.append([name, type_, value, metadata])
+            _check_date(value, f"attribute {name!r}", type_)
+        attributes.append([name, type_, value, _metadata(wire, name) if wire.metadata else []])
     return [entity_id, entity_type, tenant, path, "", 0, attributes]
+
+
+def _metadata(wire: pb.Attribute, name: str) -> list[Any]:
+    metadata: list[Any] = []
+    for meta in wire.metadata:
+        what = f"attribute {name!r} metadata {meta.name!r}"
+        key = _identifier(meta.name, "metadata name")
+        item = _checked_value(meta.value, what)
+        if not meta.type:
+            meta.type = default_type(item)
+        meta_type = _identifier(meta.type, "metadata type")
+        if meta_type in DATE_TYPES and item is not None:
+            _check_date(item, what, meta_type)
+        metadata.append([key, meta_type, item])
+    if len({m[0] for m in metadata}) != len(metadata):
+        raise InvalidUpdate(f"attribute {name!r} names a metadata item twice")
+    return metadata
 
 
 def _checked_value(value: pb.Value, what: str) -> Any:
@@ -313,30 +345,47 @@ def _check_date(value: Any, what: str, type_: str) -> None:
         raise InvalidValue(f"{what} is typed {type_} but {value!r} is not an ISO 8601 date")
 
 
+def _setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    setter: Callable[[Any, Any], None] = cls.__dict__[name].__set__
+    return setter
+
+
+# Slot setters of the frozen model classes: building trusted objects through them skips
+# validation and costs a third of object.__setattr__ (this runs for every update a matcher
+# decodes).
+_A_TYPE = _setter(Attribute, "type")
+_A_VALUE = _setter(Attribute, "value")
+_A_METADATA = _setter(Attribute, "metadata")
+_A_MATCH = _setter(Attribute, "match_value")
+_U_ID = _setter(ContextUpdate, "entity_id")
+_U_ATTRIBUTES = _setter(ContextUpdate, "attributes")
+_U_TYPE = _setter(ContextUpdate, "entity_type")
+_U_TENANT = _setter(ContextUpdate, "tenant")
+_U_PATH = _setter(ContextUpdate, "service_path")
+_U_PUBLISHER = _setter(ContextUpdate, "publisher")
+_U_SEQUENCE = _setter(ContextUpdate, "sequence")
+
+
 def trusted_update_from_obj(obj: list[Any]) -> ContextUpdate:
     """The context update of an array that :func:`normalize_entity` made (no checks)."""
     entity_id, entity_type, tenant, path, publisher, sequence, wire_attributes = obj
     attributes: dict[str, Attribute] = {}
     for name, type_, value, metadata in wire_attributes:
         attribute = _new(Attribute)
-        _set(attribute, "type", type_)
-        _set(attribute, "value", value)
-        _set(
-            attribute,
-            "metadata",
-            {k: Metadata(t, v) for k, t, v in metadata} if metadata else _EMPTY,
-        )
+        _A_TYPE(attribute, type_)
+        _A_VALUE(attribute, value)
+        _A_METADATA(attribute, {k: Metadata(t, v) for k, t, v in metadata} if metadata else _EMPTY)
         if type_ in DATE_TYPES and isinstance(value, str):
-            _set(attribute, "match_value", parse_iso8601(value))
+            _A_MATCH(attribute, parse_iso8601(value))
         else:
-            _set(attribute, "match_value", value)
+            _A_MATCH(attribute, value)
         attributes[name] = attribute
     update = _new(ContextUpdate)
-    _set(update, "entity_id", entity_id)
-    _set(update, "attributes", attributes)
-    _set(update, "entity_type", entity_type)
-    _set(update, "tenant", tenant)
-    _set(update, "service_path", path)
-    _set(update, "publisher", publisher)
-    _set(update, "sequence", sequence)
+    _U_ID(update, entity_id)
+    _U_ATTRIBUTES(update, attributes)
+    _U_TYPE(update, entity_type)
+    _U_TENANT(update, tenant)
+    _U_PATH(update, path)
+    _U_PUBLISHER(update, publisher)
+    _U_SEQUENCE(update, sequence)
     return update

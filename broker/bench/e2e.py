@@ -1,0 +1,341 @@
+"""``silbo bench e2e``: sustained throughput and latency of a whole cluster, end to end.
+
+    silbo bench e2e --subscriptions 10000 --rate max|R --duration 30 [--batch 200]
+                    [--matchers 2] [--state-dir DIR] [--runs N] [--json]
+
+One run:
+
+1. starts a cluster (1 connection point, 1 access point, ``--matchers`` matchers, 1 exit
+   point, embedded ZooKeeper), unless ``--state-dir`` names a running one;
+2. registers ``--subscriptions`` W-IoT subscriptions through one subscriber client, and
+   prepares a pool of W-IoT updates as publish batches of ``--batch`` (not timed);
+3. publishes for ``--duration`` seconds at ``--rate`` updates/s (``max``: as fast as the
+   cluster acknowledges, at most ``--window`` batches in flight), then waits for every
+   expected notification (at most ``--drain`` seconds);
+4. checks the deliveries against the expected ones, computed by the in-process engine on
+   the same subscriptions and updates (the engine is checked against the reference matcher
+   by the property tests): lost, duplicated, unexpected, and per-publisher order.
+
+Reported: ``updates_per_s`` (updates published / time from the first publish to the last
+delivery, so backlog drained at the end counts against it), ``offered_per_s`` (the publish
+rate achieved), ``deliveries_per_s``, ``p50_ms``/``p99_ms``/``max_ms`` of publish-to-delivery
+latency (per update and subscriber, from the moment its batch was handed to the client to
+the moment its notification batch arrived), and the verification counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from broker.bench.match import machine_info
+from broker.bench.workloads.iot import iot_subscriptions, iot_updates
+from broker.client import Client
+from broker.cluster import ClusterSpec, LocalCluster
+from broker.matching import Engine
+from broker.wire import client_pb2 as pb
+from broker.wire.convert import entity_from_update
+
+__all__ = ["E2eReport", "configure", "run", "run_once"]
+
+POOL = 20_000  # distinct updates; the run cycles through them
+
+
+@dataclass
+class E2eReport:
+    """One run's figures (see the module doc)."""
+
+    subscriptions: int
+    rate: str
+    duration_s: float
+    batch: int
+    matchers: int
+    updates: int = 0
+    updates_per_s: float = 0.0
+    offered_per_s: float = 0.0
+    deliveries: int = 0
+    deliveries_per_s: float = 0.0
+    expected: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    out_of_order: int = 0
+    drained: bool = True
+
+
+class _Receiver:
+    """Counts notification batches as they arrive (on the client's reader thread)."""
+
+    def __init__(self, sent_at: npt.NDArray[np.float64], batch: int) -> None:
+        self._sent_at = sent_at
+        self._batch = batch
+        self.lock = threading.Lock()
+        self.sequences: list[npt.NDArray[np.int64]] = []
+        self.handles: list[npt.NDArray[np.uint64]] = []
+        self.latencies: list[npt.NDArray[np.float64]] = []
+        self.count = 0
+        self.last = 0.0
+        self.out_of_order = 0
+        self._previous = 0
+
+    def __call__(self, batch: pb.NotificationBatch, _handles: dict[int, str]) -> None:
+        now = time.perf_counter()
+        sequences = np.asarray(batch.sequences, dtype=np.int64)
+        index = np.frombuffer(batch.entity_index, dtype="<u4").astype(np.int64)
+        with self.lock:
+            if len(sequences):
+                if sequences[0] <= self._previous or np.any(np.diff(sequences) <= 0):
+                    self.out_of_order += 1
+                self._previous = int(sequences[-1])
+            self.sequences.append(sequences[index])
+            self.handles.append(np.frombuffer(batch.handles, dtype="<u8").astype(np.uint64))
+            self.latencies.append(now - self._sent_at[(sequences - 1) // self._batch])
+            self.count += len(index)
+            self.last = now
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``silbo bench e2e``."""
+    parser.add_argument("--subscriptions", type=int, default=10_000)
+    parser.add_argument("--rate", default="max", help="updates/s offered, or max")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of publishing")
+    parser.add_argument("--batch", type=int, default=200, help="updates per publish batch")
+    parser.add_argument("--window", type=int, default=8, help="publish batches in flight")
+    parser.add_argument("--matchers", type=int, default=2)
+    parser.add_argument("--state-dir", default=None, help="use this running cluster instead")
+    parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait at the end")
+    parser.add_argument("--runs", type=int, default=1, help="runs (medians reported)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; prints the report (exit 1 if anything was lost or duplicated)."""
+    if args.rate != "max" and (not args.rate.isdigit() or int(args.rate) <= 0):
+        print("silbo bench e2e: error: --rate must be a positive integer or max", file=sys.stderr)
+        return 2
+    reports = []
+    for i in range(args.runs):
+        _say(f"run {i + 1}/{args.runs}")
+        reports.append(run_once(args))
+    report = _median(reports)
+    summary: dict[str, Any] = {
+        **asdict(report),
+        "runs": [asdict(r) for r in reports],
+        "machine": machine_info(),
+        "command": getattr(args, "command_line", ""),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print(report)
+    bad = report.lost or report.duplicated or report.unexpected or report.out_of_order
+    return 1 if bad else 0
+
+
+def run_once(args: argparse.Namespace) -> E2eReport:
+    """One run (see the module doc)."""
+    report = E2eReport(args.subscriptions, str(args.rate), args.duration, args.batch, args.matchers)
+    cluster = None
+    if args.state_dir:
+        client_targets = Client.from_state_dir(args.state_dir).target
+    else:
+        state = Path(tempfile.mkdtemp(prefix="silbo-e2e-"))
+        spec = ClusterSpec(
+            matchers=args.matchers, grpc_port=0, state_dir=state, log_level="WARNING"
+        )
+        _say(f"starting a cluster ({args.matchers} matchers) in {state}")
+        cluster = LocalCluster(spec)
+        cluster.start()
+        client_targets = cluster.endpoints[0]
+    try:
+        _measure(args, report, client_targets)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    return report
+
+
+def _measure(args: argparse.Namespace, report: E2eReport, target: str) -> None:
+    subscriptions = iot_subscriptions(args.subscriptions, args.seed)
+    pool = iot_updates(POOL, args.seed + 1)
+    entities = [entity_from_update(u) for u in pool]
+    rate = None if args.rate == "max" else int(args.rate)
+    total = int((rate or 40_000) * args.duration * 1.5) + args.batch
+    batches = total // args.batch
+    sent_at = np.full(batches + 1, np.nan)
+    receiver = _Receiver(sent_at, args.batch)
+    subscriber = Client(target, on_batch=receiver, timeout=60.0)
+    publisher = Client(target, publisher="bench-e2e", window=args.window, timeout=60.0)
+    try:
+        _say(f"subscribing {len(subscriptions)} W-IoT subscriptions")
+        handles = subscriber.subscribe_many(subscriptions)
+        ids = [h.id for h in handles]
+        handle_numbers = _handle_numbers(subscriber)
+        _say(f"publishing for {args.duration:.0f} s at {args.rate} updates/s")
+        published, started, stopped = _publish(publisher, entities, args, rate, sent_at, batches)
+        expected_pairs = _expected(subscriptions, pool, published, ids, handle_numbers)
+        report.expected = len(expected_pairs)
+        deadline = time.perf_counter() + args.drain
+        while receiver.count < report.expected and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # late duplicates, if any, arrive now
+        report.drained = receiver.count >= report.expected
+    finally:
+        publisher.close()
+        subscriber.close()
+    with receiver.lock:
+        sequences = np.concatenate(receiver.sequences) if receiver.sequences else np.zeros(0)
+        got_handles = (
+            np.concatenate(receiver.handles) if receiver.handles else np.zeros(0, dtype=np.uint64)
+        )
+        latencies = np.concatenate(receiver.latencies) if receiver.latencies else np.zeros(0)
+        last = receiver.last or stopped
+        report.out_of_order = receiver.out_of_order
+    delivered = sequences.astype(np.int64) * (1 << 24) + _local(got_handles, handle_numbers)
+    unique = np.unique(delivered)
+    report.updates = published
+    report.deliveries = len(delivered)
+    report.duplicated = len(delivered) - len(unique)
+    report.lost = len(np.setdiff1d(expected_pairs, unique))
+    report.unexpected = len(np.setdiff1d(unique, expected_pairs))
+    elapsed = max(last, stopped) - started
+    report.updates_per_s = round(published / elapsed, 1)
+    report.offered_per_s = round(published / (stopped - started), 1)
+    report.deliveries_per_s = round(len(delivered) / elapsed, 1)
+    if len(latencies):
+        ms = latencies * 1000.0
+        report.p50_ms = round(float(np.percentile(ms, 50)), 2)
+        report.p99_ms = round(float(np.percentile(ms, 99)), 2)
+        report.max_ms = round(float(ms.max()), 2)
+
+
+def _publish(
+    publisher: Client,
+    entities: list[pb.Entity],
+    args: argparse.Namespace,
+    rate: int | None,
+    sent_at: npt.NDArray[np.float64],
+    batches: int,
+) -> tuple[int, float, float]:
+    size = args.batch
+    requests = []
+    for b in range(batches):
+        chosen = [entities[(b * size + i) % len(entities)] for i in range(size)]
+        requests.append(
+            pb.PublishRequest(publisher="bench-e2e", first_sequence=b * size + 1, entities=chosen)
+        )
+    started = time.perf_counter()
+    end = started + args.duration
+    sent = 0
+    futures = []
+    for b, request in enumerate(requests):
+        now = time.perf_counter()
+        if now >= end:
+            break
+        if rate is not None:
+            due = started + b * size / rate
+            if due > now:
+                time.sleep(due - now)
+        sent_at[b] = time.perf_counter()
+        futures.append(publisher._send_request(request))
+        sent += size
+        if b % 50 == 0:
+            _progress(sent, time.perf_counter() - started)
+    for future in futures:
+        future.result(timeout=120)
+    stopped = time.perf_counter()
+    print(file=sys.stderr)
+    return sent, started, stopped
+
+
+def _handle_numbers(client: Client) -> dict[int, int]:
+    """Subscription handle -> its position among the subscriptions (by id order of acks)."""
+    return {h: i for i, h in enumerate(client._handles)}
+
+
+def _local(handles: npt.NDArray[np.uint64], numbers: dict[int, int]) -> npt.NDArray[np.int64]:
+    keys = np.fromiter(numbers.keys(), dtype=np.uint64, count=len(numbers))
+    values = np.fromiter(numbers.values(), dtype=np.int64, count=len(numbers))
+    order = np.argsort(keys)
+    keys, values = keys[order], values[order]
+    at = np.clip(np.searchsorted(keys, handles), 0, len(keys) - 1)
+    found = keys[at] == handles
+    return np.where(found, values[at], -1)
+
+
+def _expected(
+    subscriptions: list[Any],
+    pool: list[Any],
+    published: int,
+    ids: list[str],
+    numbers: dict[int, int],
+) -> npt.NDArray[np.int64]:
+    """Every (sequence, subscription position) pair that should be delivered, encoded."""
+    _say("computing the expected deliveries with the in-process engine")
+    engine = Engine(subscriptions)
+    position_of_id = {subscription_id: i for i, subscription_id in enumerate(ids)}
+    slot_position = np.full(len(ids) * 2 + 1, -1, dtype=np.int64)
+    for subscription in subscriptions:
+        slot = engine.slot_of(subscription.id)
+        if slot is not None:
+            if slot >= len(slot_position):
+                slot_position = np.resize(slot_position, slot + 1)
+            slot_position[slot] = position_of_id[subscription.id]
+    per_update = [slot_position[s] for s in engine.match_batch_slots(pool, now=time.time())]
+    pairs = []
+    for sequence in range(1, published + 1):
+        positions = per_update[(sequence - 1) % len(pool)]
+        if len(positions):
+            pairs.append(sequence * (1 << 24) + positions)
+    del numbers  # positions follow the acknowledgement order, which is the subscription order
+    return np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+
+
+def _median(reports: list[E2eReport]) -> E2eReport:
+    if len(reports) == 1:
+        return reports[0]
+    median = E2eReport(**asdict(reports[0]))
+    for key in ("updates_per_s", "offered_per_s", "deliveries_per_s", "p50_ms", "p99_ms", "max_ms"):
+        setattr(median, key, round(statistics.median(getattr(r, key) for r in reports), 2))
+    for key in ("lost", "duplicated", "unexpected", "out_of_order"):
+        setattr(median, key, max(getattr(r, key) for r in reports))
+    return median
+
+
+def _print(report: E2eReport) -> None:
+    print(
+        f"W-IoT e2e, {report.subscriptions} subscriptions, {report.matchers} matchers, "
+        f"rate {report.rate}, batch {report.batch}\n"
+        f"  updates: {report.updates} at {report.updates_per_s:,.0f}/s sustained "
+        f"(offered {report.offered_per_s:,.0f}/s)\n"
+        f"  deliveries: {report.deliveries:,} at {report.deliveries_per_s:,.0f}/s "
+        f"(expected {report.expected:,})\n"
+        f"  latency: p50 {report.p50_ms} ms, p99 {report.p99_ms} ms, max {report.max_ms} ms\n"
+        f"  lost {report.lost}, duplicated {report.duplicated}, unexpected {report.unexpected}, "
+        f"out of order {report.out_of_order}"
+    )
+
+
+def _say(message: str) -> None:
+    print(f"[bench e2e] {message}", file=sys.stderr, flush=True)
+
+
+def _progress(sent: int, elapsed: float) -> None:
+    rate = sent / elapsed if elapsed > 0 else 0.0
+    print(f"\r[bench e2e] published {sent:,} ({rate:,.0f}/s)", end="", file=sys.stderr, flush=True)

@@ -1,0 +1,227 @@
+"""``silbo up``: start a whole cluster on this machine.
+
+    silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
+        [--grpc-port 7777] [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
+        [--detach] [--log-level INFO] [--timeout 60]
+
+Without ``--zk`` an embedded ZooKeeper is started too (its data under STATE_DIR/zookeeper,
+fresh every time). Every process logs to STATE_DIR/logs; STATE_DIR/cluster.json describes the
+cluster (what ``silbo down`` and ``silbo admin status --state-dir`` read).
+
+- In the foreground (the default) it serves until Ctrl-C, SIGTERM or SIGHUP (or ``silbo
+  down``), then stops every process and ZooKeeper and exits 0. If a process dies on its own,
+  the cluster is no longer whole (a dead matcher's subscriptions are lost, nothing restarts
+  it): the process and its log are reported, everything is stopped and the exit status is 1.
+  If the supervisor itself is killed (even by SIGKILL), its children die with it (a
+  parent-death signal).
+- With ``--detach`` it returns once every process is registered and the cluster formed; the
+  processes hold none of the caller's terminal or pipes (``silbo up --detach | cat`` returns).
+  Stop them with ``silbo down``.
+
+Exit status: 0 once up (detached) or after a requested stop (foreground); 2 for an error the
+user can fix (a bad count, a port in use, a cluster already running from the state dir, no
+Java, an unreachable ``--zk``), one line on stderr, with nothing left running; 1 if the
+cluster failed to start or a process died; 128+N when signal N interrupted the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from broker.cluster.local import (
+    ClusterBusy,
+    ClusterSpec,
+    LocalCluster,
+    PortTaken,
+)
+from broker.coordination.errors import (
+    JavaNotFound,
+    PortInUse,
+    ZooKeeperJarsNotFound,
+    ZooKeeperUnavailable,
+)
+from broker.errors import InvalidInput, SilboError
+from broker.runtime.options import DEFAULT_CLUSTER
+
+__all__ = ["HELP", "configure", "main", "run"]
+
+HELP = "start a whole cluster on this machine (and ZooKeeper, unless --zk is given)"
+POLL_INTERVAL = 0.5  # seconds between checks that every child still runs (foreground)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_USER_ERRORS: tuple[type[SilboError], ...] = (
+    InvalidInput,
+    ClusterBusy,
+    PortTaken,
+    PortInUse,
+    JavaNotFound,
+    ZooKeeperJarsNotFound,
+    ZooKeeperUnavailable,
+)
+
+
+class Stopped(BaseException):
+    """Raised (by our signal handler) in the main thread when a stop signal arrives."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``silbo up``."""
+    counts = (
+        ("--matchers", 2, "matcher processes"),
+        ("--access-points", 1, "access point processes"),
+        ("--exit-points", 1, "exit point processes"),
+        ("--connection-points", 1, "connection point processes (what clients connect to)"),
+    )
+    for flag, default, what in counts:
+        parser.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=7777,
+        help="the first connection point's port; the next ones count up (0: any free port)",
+    )
+    parser.add_argument(
+        "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
+    )
+    parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
+    parser.add_argument(
+        "--state-dir", default=".silbo", help="cluster.json, logs and ZooKeeper's data"
+    )
+    parser.add_argument(
+        "--detach", action="store_true", help="return once the cluster serves; stop it with down"
+    )
+    parser.add_argument("--log-level", default="INFO", help="the processes' logging level")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to wait for every process to register"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
+    try:
+        spec = ClusterSpec(
+            matchers=args.matchers,
+            access_points=args.access_points,
+            exit_points=args.exit_points,
+            connection_points=args.connection_points,
+            grpc_port=args.grpc_port,
+            zk=args.zk,
+            cluster=args.cluster,
+            state_dir=Path(args.state_dir),
+            detach=args.detach,
+            log_level=args.log_level,
+        )
+    except InvalidInput as exc:
+        return _error(exc, 2)
+    cluster = LocalCluster(spec)
+    serving = False
+    with _stop_signals():
+        try:
+            description = cluster.start(timeout=args.timeout)
+            if spec.detach:
+                cluster.detach()
+                serving = True
+                _ignore_stop_signals()  # it is up: nothing left to interrupt
+                _summary(description, detached=True)
+                return 0
+            serving = True
+            _summary(description, detached=False)
+            return _serve(cluster)
+        except Stopped as stop:
+            if serving:
+                print(f"silbo up: {stop}: stopping the cluster", file=sys.stderr)
+                return 0
+            print(f"silbo up: {stop} while starting: stopping everything", file=sys.stderr)
+            return 128 + stop.signum
+        except _USER_ERRORS as exc:
+            return _error(exc, 2)
+        except SilboError as exc:
+            return _error(exc, 1)
+        finally:
+            _ignore_stop_signals()  # a second Ctrl-C must not cut the clean stop short
+            cluster.stop()  # a no-op once detached
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``silbo up`` on its own (``python -m broker.commands.up ...``): the exit status."""
+    parser = argparse.ArgumentParser(prog="silbo up", description=HELP)
+    configure(parser)
+    args = parser.parse_args(argv)
+    status: int = args.handler(args)
+    return status
+
+
+def _serve(cluster: LocalCluster) -> int:
+    """Wait for a stop signal (raised as Stopped); 1 as soon as a child has died."""
+    while True:
+        exited = cluster.poll()
+        if exited:
+            for line in exited:
+                print(f"silbo up: {line}", file=sys.stderr)
+            print("silbo up: the cluster is no longer whole; stopping it", file=sys.stderr)
+            return 1
+        time.sleep(POLL_INTERVAL)
+
+
+def _summary(description: dict[str, Any], *, detached: bool) -> None:
+    zookeeper = description["zookeeper"]
+    state_dir = description["state_dir"]
+    processes = description["processes"]
+    roles = ", ".join(
+        f"{sum(1 for p in processes if p['role'] == role)} {role}"
+        for role in ("connection-point", "access-point", "matcher", "exit-point")
+    )
+    where = "embedded" if zookeeper.get("embedded") else "external"
+    down = f"silbo down --state-dir {state_dir}"
+    lines = [
+        f"cluster {description['cluster']} is up: {roles}",
+        f"  ZooKeeper:  {zookeeper['address']} ({where})",
+        f"  clients:    {', '.join(description['endpoints'])}",
+        f"  state dir:  {state_dir} (logs in {state_dir}/logs)",
+        f"  stop with:  {down}" if detached else f"  stop with:  Ctrl-C (or {down})",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _error(exc: BaseException, status: int) -> int:
+    print(f"silbo up: error: {exc}", file=sys.stderr)
+    return status
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    _ignore_stop_signals()
+    raise Stopped(signum)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise Stopped in the main thread; restored afterwards."""
+    previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
