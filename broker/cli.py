@@ -5,7 +5,8 @@ and sets ``handler``) and a handler ``run(args) -> int`` (the exit status). This
 only builds the tree; adding a command is one row in :data:`_COMMANDS` or
 :data:`_BENCHMARKS`::
 
-    silbo demo                      broker.demo
+    silbo demo                      broker.demo_cluster
+    silbo demo-engine               broker.demo
     silbo run ROLE                  broker.commands.run
     silbo admin init|status         broker.commands.admin
     silbo bench match               broker.bench.match
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
 
-from broker import demo
+from broker import demo, demo_cluster
 from broker.bench import e2e, match
 from broker.commands import admin, run
 
@@ -29,7 +30,8 @@ _Configure = Callable[[argparse.ArgumentParser], None]
 
 # (name, one-line help, configure) of each top-level command but ``bench``.
 _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
-    ("demo", "the matching engine on W-IoT, checked against the reference", demo.configure),
+    ("demo", "a whole cluster on W-IoT for ~30 s, every delivery checked", demo_cluster.configure),
+    ("demo-engine", "the matching engine alone, checked against the reference", demo.configure),
     (
         "run",
         "run one broker process (connection point, access point, matcher, exit point)",

@@ -97,7 +97,7 @@ def test_version() -> None:
 
 
 def test_demo_runs_small_and_agrees() -> None:
-    done = _silbo("demo", "--subscriptions", "400", "--updates", "300", "--verify", "50")
+    done = _silbo("demo-engine", "--subscriptions", "400", "--updates", "300", "--verify", "50")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "verified: 50 updates" in done.stdout
     assert "0 mismatches" in done.stdout
