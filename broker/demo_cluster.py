@@ -90,9 +90,8 @@ def run(args: argparse.Namespace) -> int:
     _say(f"starting a cluster: {args.matchers} matchers, logs in {state / 'logs'}")
     began = time.monotonic()
     with LocalCluster(spec) as cluster:
-        _say(
-            f"cluster up in {time.monotonic() - began:.1f} s; clients connect to {cluster.endpoints}"
-        )
+        took = time.monotonic() - began
+        _say(f"cluster up in {took:.1f} s; clients connect to {', '.join(cluster.endpoints)}")
         published, tally, subscriptions = _scenario(args, cluster.endpoints)
     return _verify(published, tally, subscriptions)
 
