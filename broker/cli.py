@@ -9,6 +9,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo demo-engine               broker.demo
     silbo run ROLE                  broker.commands.run
     silbo admin init|status         broker.commands.admin
+    silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo bench match               broker.bench.match
 """
 
@@ -22,7 +23,7 @@ from importlib import metadata
 
 from broker import demo, demo_cluster
 from broker.bench import e2e, match
-from broker.commands import admin, run
+from broker.commands import admin, down, run, up
 
 __all__ = ["build_parser", "main"]
 
@@ -38,6 +39,8 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
         run.configure,
     ),
     ("admin", "operate a running cluster (init, status)", admin.configure),
+    ("up", up.HELP, up.configure),
+    ("down", down.HELP, down.configure),
 )
 
 # (name, one-line help, configure) of each ``silbo bench`` benchmark.

@@ -212,9 +212,12 @@ class Client:
         """A client of the cluster that ``silbo up`` described in ``STATE_DIR/cluster.json``."""
         path = Path(state_dir) / "cluster.json"
         try:
-            endpoints = json.loads(path.read_text())["endpoints"]
-        except (OSError, ValueError, KeyError) as exc:
+            described = json.loads(path.read_text())
+            endpoints = described["endpoints"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidInput(f"no running cluster described in {path}: {exc}") from exc
+        if described.get("status", "running") != "running" or not endpoints:
+            raise Unavailable(f"the cluster described in {path} is not serving yet")
         return cls(endpoints, **options)  # type: ignore[arg-type]
 
     @property

@@ -409,7 +409,7 @@ class LocalCluster:
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
-                stderr=None,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us
                 preexec_fn=setup,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},

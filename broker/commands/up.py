@@ -27,6 +27,7 @@ cluster failed to start or a process died; 128+N when signal N interrupted the s
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import time
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except InvalidInput as exc:
         return _error(exc, 2)
+    # The supervisor's own ZooKeeper client: its connection chatter is not the user's business
+    # (an interrupted start drops the connection on purpose).
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
     cluster = LocalCluster(spec)
     serving = False
     with _stop_signals():

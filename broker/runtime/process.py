@@ -146,7 +146,8 @@ async def serve(
     watcher.on(None, lambda state: _log.warning("ZooKeeper connection: %s", state.value))
     metrics = ProcessMetrics(options.role.value)
     role = make_role()
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    # no SO_REUSEPORT: a port another process holds must be an error, not a shared port
+    server = grpc.aio.server(options=(*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
     admin = _AdminServicer(role, metrics)
     wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
     role.add_to(server)

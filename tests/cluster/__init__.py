@@ -1,0 +1,1 @@
+"""Tests of the local cluster (real processes, real ZooKeeper)."""

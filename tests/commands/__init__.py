@@ -1,0 +1,1 @@
+"""Tests of silbo commands run as processes."""
