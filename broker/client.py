@@ -27,6 +27,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
@@ -249,7 +250,7 @@ class Client:
                 self._check_done(futures)
         if batch:
             futures.append(self._send_batch(batch))
-        return sum(f.result(timeout=self._timeout) for f in futures)
+        return self._accepted(futures)
 
     def publish_requests(self, requests: Iterable[pb.PublishRequest]) -> int:
         """Publish prepared requests (publisher and sequences already set); accepted count."""
@@ -257,7 +258,16 @@ class Client:
         for request in requests:
             futures.append(self._send_request(request))
             self._check_done(futures)
-        return sum(f.result(timeout=self._timeout) for f in futures)
+        return self._accepted(futures)
+
+    def _accepted(self, futures: list[Future[int]]) -> int:
+        deadline = time.monotonic() + self._timeout
+        try:
+            return sum(f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures)
+        except TimeoutError:
+            raise Unavailable(
+                f"no publish acknowledgement from {self.target} within {self._timeout:g} s"
+            ) from None
 
     def _check_done(self, futures: list[Future[int]]) -> None:
         for future in futures:
@@ -494,6 +504,13 @@ class Client:
                 return
             self._closed = True
             streams = [s for s in (self._publish, self._session) if s is not None]
+            unacked = [future for _request, future in self._unacked.values()]
+            self._unacked.clear()
+        for future in unacked:  # a publish waiting for these must not wait out its timeout
+            if not future.done():
+                future.set_exception(InvalidInput("the client was closed before the ack came"))
+            self._window.release()
+        with self._lock:
             subscriptions = [h for h, _s in self._subscriptions.values()]
         for stream in streams:
             stream.close()

@@ -1,7 +1,8 @@
 """``silbo publish``: publish one context update to a running cluster.
 
     silbo publish --entity ID [--type T] [--tenant S] [--service-path P]
-        [--publisher NAME] [--sequence N] [--timeout S] [--state-dir DIR | --connect HOST:PORT[,...]]
+        [--publisher NAME] [--sequence N]
+        [--timeout S] [--state-dir DIR | --connect HOST:PORT[,...]]
         NAME=VALUE | NAME:TYPE=VALUE ...
 
 Each ``NAME=VALUE`` is one attribute. ``VALUE`` is read as JSON when it parses as JSON
@@ -61,6 +62,19 @@ DEFAULT_STATE_DIR = ".silbo"
 DEFAULT_TIMEOUT = 10.0
 _VERBATIM_TYPES = frozenset({"Text", *DATE_TYPES})
 _PROG = "silbo publish"
+_EPILOG = """\
+values:
+  VALUE is JSON when it parses as JSON: 30 and 21.5 are Numbers, true a Boolean,
+  null None, {"a": 1} and [1, 2] StructuredValues, '"30"' the Text 30; anything
+  else is text (hello, 01234, NaN). NAME:TYPE=VALUE names the NGSI type instead:
+    dateObserved:DateTime=2024-01-01T00:00:00Z
+    location:geo:json='{"type": "Point", "coordinates": [2.1, 41.4]}'
+  (the first ':' ends the name). Text, DateTime and ISO8601 values are taken
+  verbatim as text: code:Text=42 is the string "42".
+
+example:
+  silbo publish --entity Room1 --type Room temperature=23.5 occupied=true
+"""
 
 
 def positive_int(text: str) -> int:
@@ -130,6 +144,8 @@ def open_client(args: argparse.Namespace, *, publisher: str | None = None) -> Cl
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo publish``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
     parser.add_argument("--entity", required=True, metavar="ID", help="the entity id")
     parser.add_argument(
         "--type",
@@ -223,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             )
             try:
                 client.publish_requests([request])
-            except TimeoutError:  # Client.publish_requests lets the future's timeout through
+            except TimeoutError:  # a client whose publish lets the future's timeout out
                 raise Unavailable(
                     f"no answer from {client.target} within {args.timeout:g} s"
                 ) from None

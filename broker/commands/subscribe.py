@@ -44,6 +44,17 @@ from broker.wire.convert import subscription_from_spec
 __all__ = ["configure", "main", "notification_to_json", "run"]
 
 _PROG = "silbo subscribe"
+_EPILOG = """\
+output:
+  one JSON line per notification, on stdout (status lines go to stderr):
+    {"subscriptionId": "...", "publisher": "...", "sequence": 1,
+     "data": {"id": "Room1", "type": "Room",
+              "temperature": {"type": "Number", "value": 30, "metadata": {}}}}
+  until Ctrl-C or --count N notifications; exit status 0.
+
+example:
+  silbo subscribe --type Room --q 'temperature>25' --attrs temperature --count 1
+"""
 _POLL = 0.5  # seconds between looks at a quiet subscription (keeps Ctrl-C prompt)
 
 
@@ -53,6 +64,8 @@ def _names(text: str) -> list[str]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo subscribe``."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
     ids = parser.add_mutually_exclusive_group()
     ids.add_argument("--id", default=None, metavar="ID", help="the entity id")
     ids.add_argument(

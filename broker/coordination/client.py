@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
 from broker.coordination.errors import ZooKeeperUnavailable, translated
@@ -191,13 +190,22 @@ def _start(hosts: str, deadline: float, timeout: float, session_timeout: float) 
     except ValueError as exc:
         raise InvalidInput(f"ZooKeeper hosts {hosts!r} are malformed: {exc}") from exc
     remaining = deadline - time.monotonic()
-    try:
-        client.start(timeout=max(remaining, 0.001))
-    except KazooTimeoutError as exc:  # kazoo has already stopped and closed the client
-        raise ZooKeeperUnavailable(
-            f"ZooKeeper at {hosts} did not answer within {timeout:g} s"
-        ) from exc
+    connected = client.start_async()
+    connected.wait(max(remaining, 0.001))
+    if not client.connected:
+        # kazoo's own start(timeout) stops the client in this thread, and stopping joins a
+        # connection thread that may wait a whole session timeout for a server that accepted
+        # the TCP connection but never answers: give up now, clean up in the background.
+        threading.Thread(target=_close_quietly, args=(client,), daemon=True).start()
+        raise ZooKeeperUnavailable(f"ZooKeeper at {hosts} did not answer within {timeout:g} s")
     return client
+
+
+def _close_quietly(client: KazooClient) -> None:
+    try:
+        _close(client)
+    except Exception:  # best effort: the caller has already been told ZooKeeper is unavailable
+        _log.debug("closing an unconnected ZooKeeper client failed", exc_info=True)
 
 
 def _close(client: KazooClient) -> None:

@@ -196,7 +196,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             try:
                 objs.append(normalize_entity(entity))
             except InvalidInput as exc:
-                raise type(exc)(f"entity {i} ({entity.id!r}): {exc}") from exc
+                raise InvalidUpdate(f"entity {i} ({entity.id!r}): {exc}") from exc
         first = request.first_sequence
         updates = wire.Updates(
             entities=[entity.SerializeToString() for entity in request.entities],
@@ -253,6 +253,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             raise InvalidInput("a session request needs subscribe or unsubscribe")
         except SilboError as exc:
             return pb.SessionAck(request=request.request, error=_error(exc))
+        except Exception as exc:  # a bug must cost one request, never the whole session
+            _log.exception("session request %d failed", request.request)
+            error = pb.Error(code="INTERNAL", message=f"the request failed: {exc!r}")
+            return pb.SessionAck(request=request.request, error=error)
 
     async def _subscribe(
         self, session: _Session, request: int, subscribe: pb.Subscribe
@@ -270,7 +274,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                     spec, id=subscription_id, subscriber=f"{handle:016x}"
                 )
             except InvalidInput as exc:
-                raise type(exc)(f"subscription {i}: {exc}") from exc
+                raise InvalidInput(f"subscription {i}: {exc}") from exc
             placements.append(
                 wire.Placement(
                     handle=handle, subscription=pack_subscription(subscription), id=subscription_id
