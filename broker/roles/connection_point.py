@@ -64,7 +64,8 @@ _M = TypeVar("_M", bound=Message)
 @dataclass(eq=False)
 class _Session:
     number: int
-    events: asyncio.Queue[pb.SessionEvent | None] = field(
+    # SessionEvent (acknowledgements) or its wire twin SessionEventOut (notifications)
+    events: asyncio.Queue[Message | None] = field(
         default_factory=lambda: asyncio.Queue(SESSION_QUEUE)
     )
     subscriptions: dict[str, int] = field(default_factory=dict)  # id -> handle
@@ -91,6 +92,10 @@ def _lenient(message: type[_M]) -> Callable[[bytes], _M]:
             return cast(_M, _Malformed(error))
 
     return parse
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
 
 
 def _error(exc: SilboError) -> pb.Error:
@@ -125,7 +130,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             "Session": grpc.stream_stream_rpc_method_handler(
                 self.Session,
                 request_deserializer=_lenient(pb.SessionRequest),
-                response_serializer=pb.SessionEvent.SerializeToString,
+                response_serializer=_serialize,
             ),
         }
         server.add_generic_rpc_handlers(
@@ -211,8 +216,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     async def Session(
         self,
         request_iterator: AsyncIterator[pb.SessionRequest],
-        context: grpc.aio.ServicerContext[pb.SessionRequest, pb.SessionEvent],
-    ) -> AsyncIterator[pb.SessionEvent]:
+        context: grpc.aio.ServicerContext[pb.SessionRequest, Message],
+    ) -> AsyncIterator[Message]:
         session = _Session(next(self._session_numbers) & ((1 << 24) - 1))
         self._sessions[session.number] = session
         reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
@@ -377,16 +382,16 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 continue  # the subscriber is gone; its unsubscriptions are on their way
             chosen = sessions == number
             used, index = np.unique(entity_index[chosen], return_inverse=True)
-            batch = pb.NotificationBatch(
-                publishers=[deliveries.publishers[i] for i in used.tolist()],
-                sequences=[deliveries.sequences[i] for i in used.tolist()],
+            rows = used.tolist()
+            batch = wire.NotificationBatchOut(
+                entities=[deliveries.entities[i] for i in rows],
+                publishers=[deliveries.publishers[i] for i in rows],
+                sequences=[deliveries.sequences[i] for i in rows],
                 entity_index=index.astype("<u4").tobytes(),
                 handles=handles[chosen].tobytes(),
             )
-            for i in used.tolist():
-                batch.entities.add().MergeFromString(deliveries.entities[i])
             try:
-                session.events.put_nowait(pb.SessionEvent(notifications=batch))
+                session.events.put_nowait(wire.SessionEventOut(notifications=batch))
             except asyncio.QueueFull:
                 self._end(session, "the subscriber reads too slowly; its session was ended")
                 continue

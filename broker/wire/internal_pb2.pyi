@@ -151,6 +151,28 @@ class Handoff(_message.Message):
     marker: Marker
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
+class NotificationBatchOut(_message.Message):
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    entities: _containers.RepeatedScalarFieldContainer[bytes]
+    publishers: _containers.RepeatedScalarFieldContainer[str]
+    sequences: _containers.RepeatedScalarFieldContainer[int]
+    entity_index: bytes
+    handles: bytes
+    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
+
+class SessionEventOut(_message.Message):
+    __slots__ = ("ack", "notifications")
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    ack: _client_pb2.SessionAck
+    notifications: NotificationBatchOut
+    def __init__(self, ack: _Optional[_Union[_client_pb2.SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatchOut, _Mapping]] = ...) -> None: ...
+
 class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
