@@ -10,6 +10,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo run ROLE                  broker.commands.run
     silbo admin init|status         broker.commands.admin
     silbo up / silbo down           broker.commands.up, broker.commands.down
+    silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo bench match               broker.bench.match
 """
 
@@ -23,7 +24,7 @@ from importlib import metadata
 
 from broker import demo, demo_cluster
 from broker.bench import e2e, match
-from broker.commands import admin, down, run, up
+from broker.commands import admin, down, publish, run, subscribe, up
 
 __all__ = ["build_parser", "main"]
 
@@ -41,6 +42,8 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
     ("admin", "operate a running cluster (init, status)", admin.configure),
     ("up", up.HELP, up.configure),
     ("down", down.HELP, down.configure),
+    ("publish", "publish one context update (NAME[:TYPE]=VALUE attributes)", publish.configure),
+    ("subscribe", "subscribe; print each notification as one JSON line", subscribe.configure),
 )
 
 # (name, one-line help, configure) of each ``silbo bench`` benchmark.
