@@ -33,7 +33,7 @@ ENTITY = "Room1"
 
 # The client CLI contract (`silbo publish` / `silbo subscribe`).
 SUBSCRIBE = ["subscribe", "--connect", CONNECT, "--type", "Room", "--count", "1"]
-PUBLISH = ["publish", "--connect", CONNECT, "--entity", ENTITY, "temperature=21"]
+PUBLISH = ["publish", "--connect", CONNECT, "--entity", ENTITY, "--type", "Room", "temperature=21"]
 
 READY_TIMEOUT = 300.0  # after `up` returns (the image is built by then)
 DELIVERY_TIMEOUT = 90.0
