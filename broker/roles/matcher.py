@@ -16,6 +16,7 @@ Each access point holds one ``Matcher.Match`` stream to it, on which, in order:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ _log = logging.getLogger(__name__)
 
 _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
+COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
@@ -56,6 +58,7 @@ class Matcher(wire_grpc.MatcherServicer):
         self._config: ConfigurationView | None = None
         self._links: dict[int, Link] = {}  # exit point sequence -> link
         self._lock = asyncio.Lock()
+        self._compaction: asyncio.TimerHandle | None = None
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_MatcherServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -116,7 +119,28 @@ class Matcher(wire_grpc.MatcherServicer):
         except SilboError as exc:
             return self._refusal(subscriptions.request, exc)
         self._ctx().metrics.subscriptions.set(len(self._engine))
+        self._schedule_compaction()
         return wire.RequestAck(request=subscriptions.request, ids=ids)
+
+    def _schedule_compaction(self) -> None:
+        """Build the indexes of new subscriptions soon, rather than in the first match.
+
+        Otherwise the first updates after a burst of subscriptions pay for building every
+        index they touch, a latency spike. One compaction per burst (debounced).
+        """
+        if self._compaction is None:
+            self._compaction = self._ctx().loop.call_later(COMPACT_AFTER, self._compact)
+
+    def _compact(self) -> None:
+        self._compaction = None
+        started = time.perf_counter()
+        self._engine.compact()
+        self._ctx().metrics.stage_seconds.labels(stage="compact").observe(
+            time.perf_counter() - started
+        )
+        # The subscriptions live long: keep them out of the collector's scans, so that a full
+        # collection in the middle of matching does not walk the whole index (latency spikes).
+        gc.freeze()
 
     def _unsubscribe(self, unsubscriptions: wire.Unsubscriptions) -> wire.RequestAck:
         missing = [i for i in unsubscriptions.ids if i not in self._engine]

@@ -160,6 +160,7 @@ async def serve(
         context = ProcessContext(options, zk, member, metrics, loop)
         await role.start(context)
         await server.start()
+        gc.freeze()  # what start-up built lives as long as the process
         _log.info("%s %s serving on %s", options.role.value, member.name, address)
         if ready is not None:
             ready(member)
