@@ -297,7 +297,12 @@ class Client:
         with self._lock:
             self._check_open()
             if self._publish is None:
-                stream = _Stream("silbo-publish", self._publish_ack, self._publish_ended)
+                target = self._target
+                stream = _Stream(
+                    "silbo-publish",
+                    self._publish_ack,
+                    lambda error: self._publish_ended(error, target),
+                )
                 stream.open(pb_grpc.ConnectionPointStub(self._connect()).Publish)  # type: ignore[no-untyped-call]
                 self._publish = stream
                 for request, _future in self._unacked.values():  # resend, in order
@@ -319,13 +324,13 @@ class Client:
         else:
             entry[1].set_result(event.accepted)
 
-    def _publish_ended(self, error: BaseException | None) -> None:
+    def _publish_ended(self, error: BaseException | None, target: int) -> None:
         with self._lock:
             self._publish = None
             if error is None or self._closed:
                 return
             _log.warning("publish stream to %s ended (%s); moving on", self.target, error)
-            self._move()
+            self._move(target)
             if self._unacked:
                 self._publisher()
 
@@ -421,7 +426,12 @@ class Client:
         with self._lock:
             self._check_open()
             if self._session is None:
-                stream = _Stream("silbo-session", self._session_event, self._session_ended)
+                target = self._target
+                stream = _Stream(
+                    "silbo-session",
+                    self._session_event,
+                    lambda error: self._session_ended(error, target),
+                )
                 stream.open(pb_grpc.ConnectionPointStub(self._connect()).Session)  # type: ignore[no-untyped-call]
                 self._session = stream
             return self._session
@@ -452,7 +462,7 @@ class Client:
             if entry is not None:
                 entry[0]._put(Notification(subscription_id or "", updates[index]))
 
-    def _session_ended(self, error: BaseException | None) -> None:
+    def _session_ended(self, error: BaseException | None, target: int) -> None:
         with self._lock:
             self._session = None
             for future in self._waiting.values():
@@ -461,15 +471,16 @@ class Client:
             if error is None or self._closed:
                 return
             _log.warning("session with %s ended (%s); moving on", self.target, error)
-            self._move()
+            self._move(target)
             live = list(self._subscriptions.values())
         if live:
             threading.Thread(target=self._resubscribe, args=(live,), daemon=True).start()
 
     def _resubscribe(self, live: list[tuple[SubscriptionHandle, pb.SubscriptionSpec]]) -> None:
         try:
+            specs = [s for _h, s in live]
             ack = self._ask(
-                pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=[s for _h, s in live]))
+                pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=specs, replace=True))
             )
         except SilboError as exc:
             _log.error("could not subscribe again after moving: %s", exc)
@@ -486,8 +497,13 @@ class Client:
             self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
         return self._channel
 
-    def _move(self) -> None:
-        """Use the next connection point (the caller holds the lock)."""
+    def _move(self, failed: int) -> None:
+        """Use the next connection point after ``failed`` (the caller holds the lock).
+
+        Both streams notice a connection point going away; only the first moves on.
+        """
+        if failed != self._target:
+            return
         if self._channel is not None:
             self._channel.close()
             self._channel = None

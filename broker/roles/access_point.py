@@ -163,7 +163,9 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             number = self._open(subscriptions.request, replies, set(parts))
             for owner, placements in parts.items():
                 message = wire.Batch(
-                    subscriptions=wire.Subscriptions(request=number, placements=placements)
+                    subscriptions=wire.Subscriptions(
+                        request=number, placements=placements, replace=subscriptions.replace
+                    )
                 )
                 await self._send(owner, message.SerializeToString())
 

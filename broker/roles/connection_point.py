@@ -292,7 +292,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         session.next_number += len(placements)
         ack = await self._request(
             lambda number: wire.Batch(
-                subscriptions=wire.Subscriptions(request=number, placements=placements)
+                subscriptions=wire.Subscriptions(
+                    request=number, placements=placements, replace=subscribe.replace
+                )
             )
         )
         if ack.HasField("error") and ack.error.code:

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
+from broker.runtime.handles import connection_point_of
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers
 from broker.runtime.process import ProcessContext
@@ -59,6 +60,8 @@ class Matcher(wire_grpc.MatcherServicer):
         self._links: dict[int, Link] = {}  # exit point sequence -> link
         self._lock = asyncio.Lock()
         self._compaction: asyncio.TimerHandle | None = None
+        self._connection_points: Peers | None = None
+        self._seen_connection_points: set[int] = set()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_MatcherServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -69,8 +72,37 @@ class Matcher(wire_grpc.MatcherServicer):
         self._exits = Peers(context.zk, "exit-point", context.loop)
         self._exits.on_change(self._sync_links)
         self._sync_links()
+        self._connection_points = Peers(context.zk, "connection-point", context.loop)
+        self._connection_points.on_change(self._forget_departed)
+
+    def _forget_departed(self) -> None:
+        """Drop the subscriptions of connection points that left (their sessions are gone).
+
+        A connection point that stops cleanly unsubscribes its sessions itself; one that dies
+        cannot, and its member znode disappears when its ZooKeeper session ends.
+        """
+        assert self._connection_points is not None
+        live = set(self._connection_points.by_sequence)
+        departed = self._seen_connection_points - live
+        self._seen_connection_points |= live
+        if not departed:
+            return
+        self._seen_connection_points -= departed
+        orphans = [i for i, h in self._handle_of.items() if connection_point_of(h) in departed]
+        for subscription_id in orphans:
+            self._engine.remove(subscription_id)
+            del self._handle_of[subscription_id]
+        if orphans:
+            _log.warning(
+                "dropped %d subscriptions of departed connection points %s",
+                len(orphans),
+                sorted(departed),
+            )
+            self._ctx().metrics.subscriptions.set(len(self._engine))
 
     async def stop(self) -> None:
+        if self._connection_points is not None:
+            self._connection_points.stop()
         for watched in (self._config, self._exits):
             if watched is not None:
                 watched.stop()
@@ -110,7 +142,7 @@ class Matcher(wire_grpc.MatcherServicer):
                 (p.handle, unpack_subscription(p.subscription)) for p in subscriptions.placements
             ]
             for _handle, subscription in decoded:
-                if subscription.id in self._engine:
+                if subscription.id in self._engine and not subscriptions.replace:
                     raise AlreadyExists(f"subscription id {subscription.id!r} is taken")
             for handle, subscription in decoded:
                 self._engine.add(subscription)

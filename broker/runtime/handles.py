@@ -17,7 +17,13 @@ import numpy.typing as npt
 
 from broker.errors import InvalidInput
 
-__all__ = ["MAX_CONNECTION_POINT", "connection_points_of", "make_handle", "sessions_of"]
+__all__ = [
+    "MAX_CONNECTION_POINT",
+    "connection_point_of",
+    "connection_points_of",
+    "make_handle",
+    "sessions_of",
+]
 
 MAX_CONNECTION_POINT = (1 << 16) - 1
 _MASK24 = (1 << 24) - 1
@@ -30,6 +36,11 @@ def make_handle(connection_point: int, session: int, number: int) -> int:
     if not 0 <= connection_point <= MAX_CONNECTION_POINT:
         raise InvalidInput(f"connection point number {connection_point} does not fit 16 bits")
     return (connection_point << 48) | ((session & _MASK24) << 24) | (number & _MASK24)
+
+
+def connection_point_of(handle: int) -> int:
+    """The connection point of one handle."""
+    return handle >> 48
 
 
 def connection_points_of(handles: Handles) -> Handles:

@@ -125,10 +125,12 @@ class SubscriptionSpec(_message.Message):
     def __init__(self, id: _Optional[str] = ..., entities: _Optional[_Iterable[_Union[EntitySelector, _Mapping]]] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., condition_attrs: _Optional[_Iterable[str]] = ..., q: _Optional[str] = ..., mq: _Optional[str] = ..., description: _Optional[str] = ..., expires: _Optional[float] = ..., attrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("subscriptions",)
+    __slots__ = ("subscriptions", "replace")
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionSpec]
-    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ...) -> None: ...
+    replace: bool
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class Unsubscribe(_message.Message):
     __slots__ = ("ids",)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from broker.wire import client_pb2 as broker_dot_wire_dot_client__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62roker/wire/internal.proto\x12\x0b\x62roker.wire\x1a\x18\x62roker/wire/client.proto\"%\n\x05Hello\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"\x8c\x01\n\x07Updates\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntities\x18\x03 \x03(\x0c\x12\x12\n\npublishers\x18\x04 \x03(\t\x12\x11\n\tsequences\x18\x05 \x03(\x04\x12\x13\n\x0b\x65xit_points\x18\x06 \x03(\r\x12\x11\n\tmatchable\x18\x07 \x01(\x0c\"=\n\tPlacement\x12\x0e\n\x06handle\x18\x01 \x01(\x06\x12\x14\n\x0csubscription\x18\x02 \x01(\x0c\x12\n\n\x02id\x18\x03 \x01(\t\"L\n\rSubscriptions\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12*\n\nplacements\x18\x02 \x03(\x0b\x32\x16.broker.wire.Placement\"/\n\x0fUnsubscriptions\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12\x0b\n\x03ids\x18\x02 \x03(\t\"3\n\x06Marker\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\xf2\x01\n\x05\x42\x61tch\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12\'\n\x07updates\x18\x02 \x01(\x0b\x32\x14.broker.wire.UpdatesH\x00\x12\x33\n\rsubscriptions\x18\x03 \x01(\x0b\x32\x1a.broker.wire.SubscriptionsH\x00\x12\x37\n\x0funsubscriptions\x18\x04 \x01(\x0b\x32\x1c.broker.wire.UnsubscriptionsH\x00\x12%\n\x06marker\x18\x05 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"M\n\nRequestAck\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.broker.wire.Error\"\xbc\x01\n\x07Partial\x12\x14\n\x0c\x61\x63\x63\x65ss_point\x18\x01 \x01(\t\x12\x11\n\tfirst_seq\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05items\x18\x05 \x03(\r\x12\x10\n\x08\x65ntities\x18\x06 \x03(\x0c\x12\x12\n\npublishers\x18\x07 \x03(\t\x12\x11\n\tsequences\x18\x08 \x03(\x04\x12\x0e\n\x06\x63ounts\x18\t \x03(\r\x12\x0f\n\x07handles\x18\n \x01(\x0c\"\x85\x01\n\x06Gather\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12\'\n\x07partial\x18\x02 \x01(\x0b\x32\x14.broker.wire.PartialH\x00\x12%\n\x06marker\x18\x03 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"l\n\nDeliveries\x12\x10\n\x08\x65ntities\x18\x01 \x03(\x0c\x12\x12\n\npublishers\x18\x02 \x03(\t\x12\x11\n\tsequences\x18\x03 \x03(\x04\x12\x14\n\x0c\x65ntity_index\x18\x04 \x03(\r\x12\x0f\n\x07handles\x18\x05 \x01(\x0c\"\x8c\x01\n\x07Handoff\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12-\n\ndeliveries\x18\x02 \x01(\x0b\x32\x17.broker.wire.DeliveriesH\x00\x12%\n\x06marker\x18\x03 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"v\n\x14NotificationBatchOut\x12\x10\n\x08\x65ntities\x18\x01 \x03(\x0c\x12\x12\n\npublishers\x18\x02 \x03(\t\x12\x11\n\tsequences\x18\x03 \x03(\x04\x12\x14\n\x0c\x65ntity_index\x18\x04 \x01(\x0c\x12\x0f\n\x07handles\x18\x05 \x01(\x0c\"~\n\x0fSessionEventOut\x12&\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x17.broker.wire.SessionAckH\x00\x12:\n\rnotifications\x18\x02 \x01(\x0b\x32!.broker.wire.NotificationBatchOutH\x00\x42\x07\n\x05\x65vent\"\x07\n\x05\x45mpty\"\x0f\n\rStatusRequest\"\xed\x01\n\rProcessStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x15\n\rsubscriptions\x18\x06 \x01(\x04\x12:\n\x08\x63ounters\x18\x07 \x03(\x0b\x32(.broker.wire.ProcessStatus.CountersEntry\x12\x0f\n\x07metrics\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32G\n\x0b\x41\x63\x63\x65ssPoint\x12\x38\n\x05Route\x12\x12.broker.wire.Batch\x1a\x17.broker.wire.RequestAck(\x01\x30\x01\x32\x43\n\x07Matcher\x12\x38\n\x05Match\x12\x12.broker.wire.Batch\x1a\x17.broker.wire.RequestAck(\x01\x30\x01\x32\x41\n\tExitPoint\x12\x34\n\x07\x43ollect\x12\x13.broker.wire.Gather\x1a\x12.broker.wire.Empty(\x01\x32\x41\n\x08\x44\x65livery\x12\x35\n\x07\x44\x65liver\x12\x14.broker.wire.Handoff\x1a\x12.broker.wire.Empty(\x01\x32I\n\x05\x41\x64min\x12@\n\x06Status\x12\x1a.broker.wire.StatusRequest\x1a\x1a.broker.wire.ProcessStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62roker/wire/internal.proto\x12\x0b\x62roker.wire\x1a\x18\x62roker/wire/client.proto\"%\n\x05Hello\x12\x0e\n\x06sender\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"\x8c\x01\n\x07Updates\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x10\n\x08\x65ntities\x18\x03 \x03(\x0c\x12\x12\n\npublishers\x18\x04 \x03(\t\x12\x11\n\tsequences\x18\x05 \x03(\x04\x12\x13\n\x0b\x65xit_points\x18\x06 \x03(\r\x12\x11\n\tmatchable\x18\x07 \x01(\x0c\"=\n\tPlacement\x12\x0e\n\x06handle\x18\x01 \x01(\x06\x12\x14\n\x0csubscription\x18\x02 \x01(\x0c\x12\n\n\x02id\x18\x03 \x01(\t\"]\n\rSubscriptions\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12*\n\nplacements\x18\x02 \x03(\x0b\x32\x16.broker.wire.Placement\x12\x0f\n\x07replace\x18\x03 \x01(\x08\"/\n\x0fUnsubscriptions\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12\x0b\n\x03ids\x18\x02 \x03(\t\"3\n\x06Marker\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\xf2\x01\n\x05\x42\x61tch\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12\'\n\x07updates\x18\x02 \x01(\x0b\x32\x14.broker.wire.UpdatesH\x00\x12\x33\n\rsubscriptions\x18\x03 \x01(\x0b\x32\x1a.broker.wire.SubscriptionsH\x00\x12\x37\n\x0funsubscriptions\x18\x04 \x01(\x0b\x32\x1c.broker.wire.UnsubscriptionsH\x00\x12%\n\x06marker\x18\x05 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"M\n\nRequestAck\x12\x0f\n\x07request\x18\x01 \x01(\x04\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12!\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.broker.wire.Error\"\xbc\x01\n\x07Partial\x12\x14\n\x0c\x61\x63\x63\x65ss_point\x18\x01 \x01(\t\x12\x11\n\tfirst_seq\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05items\x18\x05 \x03(\r\x12\x10\n\x08\x65ntities\x18\x06 \x03(\x0c\x12\x12\n\npublishers\x18\x07 \x03(\t\x12\x11\n\tsequences\x18\x08 \x03(\x04\x12\x0e\n\x06\x63ounts\x18\t \x03(\r\x12\x0f\n\x07handles\x18\n \x01(\x0c\"\x85\x01\n\x06Gather\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12\'\n\x07partial\x18\x02 \x01(\x0b\x32\x14.broker.wire.PartialH\x00\x12%\n\x06marker\x18\x03 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"l\n\nDeliveries\x12\x10\n\x08\x65ntities\x18\x01 \x03(\x0c\x12\x12\n\npublishers\x18\x02 \x03(\t\x12\x11\n\tsequences\x18\x03 \x03(\x04\x12\x14\n\x0c\x65ntity_index\x18\x04 \x03(\r\x12\x0f\n\x07handles\x18\x05 \x01(\x0c\"\x8c\x01\n\x07Handoff\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.broker.wire.HelloH\x00\x12-\n\ndeliveries\x18\x02 \x01(\x0b\x32\x17.broker.wire.DeliveriesH\x00\x12%\n\x06marker\x18\x03 \x01(\x0b\x32\x13.broker.wire.MarkerH\x00\x42\x06\n\x04\x62ody\"v\n\x14NotificationBatchOut\x12\x10\n\x08\x65ntities\x18\x01 \x03(\x0c\x12\x12\n\npublishers\x18\x02 \x03(\t\x12\x11\n\tsequences\x18\x03 \x03(\x04\x12\x14\n\x0c\x65ntity_index\x18\x04 \x01(\x0c\x12\x0f\n\x07handles\x18\x05 \x01(\x0c\"~\n\x0fSessionEventOut\x12&\n\x03\x61\x63k\x18\x01 \x01(\x0b\x32\x17.broker.wire.SessionAckH\x00\x12:\n\rnotifications\x18\x02 \x01(\x0b\x32!.broker.wire.NotificationBatchOutH\x00\x42\x07\n\x05\x65vent\"\x07\n\x05\x45mpty\"\x0f\n\rStatusRequest\"\xed\x01\n\rProcessStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x15\n\rsubscriptions\x18\x06 \x01(\x04\x12:\n\x08\x63ounters\x18\x07 \x03(\x0b\x32(.broker.wire.ProcessStatus.CountersEntry\x12\x0f\n\x07metrics\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32G\n\x0b\x41\x63\x63\x65ssPoint\x12\x38\n\x05Route\x12\x12.broker.wire.Batch\x1a\x17.broker.wire.RequestAck(\x01\x30\x01\x32\x43\n\x07Matcher\x12\x38\n\x05Match\x12\x12.broker.wire.Batch\x1a\x17.broker.wire.RequestAck(\x01\x30\x01\x32\x41\n\tExitPoint\x12\x34\n\x07\x43ollect\x12\x13.broker.wire.Gather\x1a\x12.broker.wire.Empty(\x01\x32\x41\n\x08\x44\x65livery\x12\x35\n\x07\x44\x65liver\x12\x14.broker.wire.Handoff\x1a\x12.broker.wire.Empty(\x01\x32I\n\x05\x41\x64min\x12@\n\x06Status\x12\x1a.broker.wire.StatusRequest\x1a\x1a.broker.wire.ProcessStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,43 +41,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEMENT']._serialized_start=251
   _globals['_PLACEMENT']._serialized_end=312
   _globals['_SUBSCRIPTIONS']._serialized_start=314
-  _globals['_SUBSCRIPTIONS']._serialized_end=390
-  _globals['_UNSUBSCRIPTIONS']._serialized_start=392
-  _globals['_UNSUBSCRIPTIONS']._serialized_end=439
-  _globals['_MARKER']._serialized_start=441
-  _globals['_MARKER']._serialized_end=492
-  _globals['_BATCH']._serialized_start=495
-  _globals['_BATCH']._serialized_end=737
-  _globals['_REQUESTACK']._serialized_start=739
-  _globals['_REQUESTACK']._serialized_end=816
-  _globals['_PARTIAL']._serialized_start=819
-  _globals['_PARTIAL']._serialized_end=1007
-  _globals['_GATHER']._serialized_start=1010
-  _globals['_GATHER']._serialized_end=1143
-  _globals['_DELIVERIES']._serialized_start=1145
-  _globals['_DELIVERIES']._serialized_end=1253
-  _globals['_HANDOFF']._serialized_start=1256
-  _globals['_HANDOFF']._serialized_end=1396
-  _globals['_NOTIFICATIONBATCHOUT']._serialized_start=1398
-  _globals['_NOTIFICATIONBATCHOUT']._serialized_end=1516
-  _globals['_SESSIONEVENTOUT']._serialized_start=1518
-  _globals['_SESSIONEVENTOUT']._serialized_end=1644
-  _globals['_EMPTY']._serialized_start=1646
-  _globals['_EMPTY']._serialized_end=1653
-  _globals['_STATUSREQUEST']._serialized_start=1655
-  _globals['_STATUSREQUEST']._serialized_end=1670
-  _globals['_PROCESSSTATUS']._serialized_start=1673
-  _globals['_PROCESSSTATUS']._serialized_end=1910
-  _globals['_PROCESSSTATUS_COUNTERSENTRY']._serialized_start=1863
-  _globals['_PROCESSSTATUS_COUNTERSENTRY']._serialized_end=1910
-  _globals['_ACCESSPOINT']._serialized_start=1912
-  _globals['_ACCESSPOINT']._serialized_end=1983
-  _globals['_MATCHER']._serialized_start=1985
-  _globals['_MATCHER']._serialized_end=2052
-  _globals['_EXITPOINT']._serialized_start=2054
-  _globals['_EXITPOINT']._serialized_end=2119
-  _globals['_DELIVERY']._serialized_start=2121
-  _globals['_DELIVERY']._serialized_end=2186
-  _globals['_ADMIN']._serialized_start=2188
-  _globals['_ADMIN']._serialized_end=2261
+  _globals['_SUBSCRIPTIONS']._serialized_end=407
+  _globals['_UNSUBSCRIPTIONS']._serialized_start=409
+  _globals['_UNSUBSCRIPTIONS']._serialized_end=456
+  _globals['_MARKER']._serialized_start=458
+  _globals['_MARKER']._serialized_end=509
+  _globals['_BATCH']._serialized_start=512
+  _globals['_BATCH']._serialized_end=754
+  _globals['_REQUESTACK']._serialized_start=756
+  _globals['_REQUESTACK']._serialized_end=833
+  _globals['_PARTIAL']._serialized_start=836
+  _globals['_PARTIAL']._serialized_end=1024
+  _globals['_GATHER']._serialized_start=1027
+  _globals['_GATHER']._serialized_end=1160
+  _globals['_DELIVERIES']._serialized_start=1162
+  _globals['_DELIVERIES']._serialized_end=1270
+  _globals['_HANDOFF']._serialized_start=1273
+  _globals['_HANDOFF']._serialized_end=1413
+  _globals['_NOTIFICATIONBATCHOUT']._serialized_start=1415
+  _globals['_NOTIFICATIONBATCHOUT']._serialized_end=1533
+  _globals['_SESSIONEVENTOUT']._serialized_start=1535
+  _globals['_SESSIONEVENTOUT']._serialized_end=1661
+  _globals['_EMPTY']._serialized_start=1663
+  _globals['_EMPTY']._serialized_end=1670
+  _globals['_STATUSREQUEST']._serialized_start=1672
+  _globals['_STATUSREQUEST']._serialized_end=1687
+  _globals['_PROCESSSTATUS']._serialized_start=1690
+  _globals['_PROCESSSTATUS']._serialized_end=1927
+  _globals['_PROCESSSTATUS_COUNTERSENTRY']._serialized_start=1880
+  _globals['_PROCESSSTATUS_COUNTERSENTRY']._serialized_end=1927
+  _globals['_ACCESSPOINT']._serialized_start=1929
+  _globals['_ACCESSPOINT']._serialized_end=2000
+  _globals['_MATCHER']._serialized_start=2002
+  _globals['_MATCHER']._serialized_end=2069
+  _globals['_EXITPOINT']._serialized_start=2071
+  _globals['_EXITPOINT']._serialized_end=2136
+  _globals['_DELIVERY']._serialized_start=2138
+  _globals['_DELIVERY']._serialized_end=2203
+  _globals['_ADMIN']._serialized_start=2205
+  _globals['_ADMIN']._serialized_end=2278
 # @@protoc_insertion_point(module_scope)

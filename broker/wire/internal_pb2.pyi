@@ -44,12 +44,14 @@ class Placement(_message.Message):
     def __init__(self, handle: _Optional[int] = ..., subscription: _Optional[bytes] = ..., id: _Optional[str] = ...) -> None: ...
 
 class Subscriptions(_message.Message):
-    __slots__ = ("request", "placements")
+    __slots__ = ("request", "placements", "replace")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     request: int
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, request: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    replace: bool
+    def __init__(self, request: _Optional[int] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class Unsubscriptions(_message.Message):
     __slots__ = ("request", "ids")
