@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +131,27 @@ def test_bad_arguments_fail_the_process_too() -> None:
     done = _silbo("bench", "match", "--workload", "nope", "--subscriptions", "10")
     assert done.returncode == 2
     assert "usage: silbo bench match" in done.stderr
+
+
+def test_the_cluster_demo_runs_short_and_verifies(tmp_path: Path) -> None:
+    done = _silbo(
+        "demo",
+        "--duration",
+        "3",
+        "--subscriptions",
+        "200",
+        "--rate",
+        "120",
+        "--state-dir",
+        str(tmp_path / "demo"),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verification summary" in done.stdout
+    assert "every notification delivered exactly once, in order" in done.stdout
+    lines = {
+        line.split("  ")[1].strip(): line.rsplit(" ", 1)[-1]
+        for line in done.stdout.splitlines()
+        if line.startswith("  ") and line.strip()[0].isalpha() and "result" not in line
+    }
+    assert int(lines["updates published"].replace(",", "")) > 100
+    assert lines["lost"] == "0" and lines["duplicated"] == "0"
