@@ -273,6 +273,60 @@ class LocalCluster:
         self._status = "detached"
         self._unlock()
 
+    def add(self, role: Role, count: int, timeout: float = 60.0) -> list[Member]:
+        """Start ``count`` more processes of ``role`` and wait until they are registered.
+
+        They are not part of the configuration until a scale brings them in.
+        """
+        first = sum(1 for c in self._children if c.role is role) + 1
+        new = []
+        for i in range(count):
+            self._spawn(role, first + i, f"{HOST}:0")
+            new.append(self._children[-1])
+        client = self._connect()
+        try:
+            deadline = time.monotonic() + timeout
+            while not all(c.member for c in new):
+                exited = [c for c in new if c.process.poll() is not None]
+                if exited:
+                    raise ClusterError(
+                        f"{role.value} exited while starting:\n{_tail(exited[0].log)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"new {role.value}s not registered within {timeout:g} s")
+                by_pid = {m.pid: m for m in members(client, role.value)}
+                for child in new:
+                    child.member = by_pid.get(child.process.pid)
+                time.sleep(0.05)
+        finally:
+            _close(client)
+        if self._wrote_state:
+            self.description = self._describe()
+            self._write(self.description)
+        return [c.member for c in new if c.member is not None]
+
+    def retire(self, names: Iterable[str], grace: float = STOP_GRACE) -> None:
+        """Stop the processes with these member names (SIGTERM, SIGKILL after ``grace``)."""
+        wanted = set(names)
+        leaving = [c for c in self._children if c.member and c.member.name in wanted]
+        for child in leaving:
+            child.process.send_signal(signal.SIGTERM)
+        for child in leaving:
+            try:
+                child.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+            self._children.remove(child)
+        if self._wrote_state:
+            self.description = self._describe()
+            self._write(self.description)
+
+    def members_of(self, role: Role) -> list[Member]:
+        """The registered members of ``role`` this cluster started, by registration order."""
+        found = [c.member for c in self._children if c.role is role and c.member is not None]
+        return sorted(found, key=lambda m: m.sequence)
+
     def poll(self) -> list[str]:
         """Children that have exited, as 'role (pid N) exited with S (log: PATH)' lines."""
         return [

@@ -22,14 +22,15 @@ import functools
 import itertools
 import logging
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from broker.coordination.configuration import Configuration
 from broker.runtime.link import Link, LinkState
-from broker.runtime.peers import ConfigurationView, Peers
+from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
@@ -66,6 +67,11 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._numbers = itertools.count(1)
         self._requests: dict[int, _Request] = {}
         self._exit_of: dict[str, int] = {}  # publisher -> exit point sequence (cache)
+        self._scale: ScaleView | None = None
+        self._scale_started = ""  # the plan whose start markers were sent
+        self._routed_epoch = 0  # the epoch of the last updates routed
+        self._held: list[tuple[wire.Batch, asyncio.Queue[wire.RequestAck | None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_AccessPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -78,10 +84,14 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._config.on_change(self._sync_links)
         self._matchers.on_change(self._sync_links)
         self._exits.on_change(self._exit_of.clear)
+        self._scale = ScaleView(context.zk, context.loop)
+        self._scale.on_change(self._sync_links)
+        self._scale.on_change(lambda: self._spawn(self._follow_scale()))
+        self._config.on_change(lambda: self._spawn(self._follow_configuration()))
         self._sync_links()
 
     async def stop(self) -> None:
-        for watched in (self._config, self._matchers, self._exits):
+        for watched in (self._config, self._matchers, self._exits, self._scale):
             if watched is not None:
                 watched.stop()
         await asyncio.gather(*(link.close() for link in self._links.values()))
@@ -141,6 +151,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         count = len(updates.entities)
         async with self._lock:
             configuration = await self._ready()
+            if configuration.epoch != self._routed_epoch:
+                await self._switch(configuration)
             updates.first_seq = self._next_seq
             updates.epoch = configuration.epoch
             updates.exit_points[:] = [self._exit_point(p) for p in updates.publishers]
@@ -155,33 +167,55 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self, subscriptions: wire.Subscriptions, replies: asyncio.Queue[wire.RequestAck | None]
     ) -> None:
         async with self._lock:
-            configuration = await self._ready()
-            owners = configuration.selector.owners_of([p.id for p in subscriptions.placements])
-            parts: dict[str, list[wire.Placement]] = {}
-            for placement, owner in zip(subscriptions.placements, owners, strict=True):
-                parts.setdefault(owner, []).append(placement)
-            number = self._open(subscriptions.request, replies, set(parts))
-            for owner, placements in parts.items():
-                message = wire.Batch(
-                    subscriptions=wire.Subscriptions(
-                        request=number, placements=placements, replace=subscriptions.replace
-                    )
-                )
-                await self._send(owner, message.SerializeToString())
+            if self._scaling():
+                self._held.append((wire.Batch(subscriptions=subscriptions), replies))
+                return
+            await self._place(await self._ready(), subscriptions, replies)
 
     async def _route_unsubscriptions(
         self, unsubscriptions: wire.Unsubscriptions, replies: asyncio.Queue[wire.RequestAck | None]
     ) -> None:
         async with self._lock:
-            configuration = await self._ready()
-            owners = configuration.selector.owners_of(list(unsubscriptions.ids))
-            parts: dict[str, list[str]] = {}
-            for subscription_id, owner in zip(unsubscriptions.ids, owners, strict=True):
-                parts.setdefault(owner, []).append(subscription_id)
-            number = self._open(unsubscriptions.request, replies, set(parts))
-            for owner, ids in parts.items():
-                message = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=number, ids=ids))
-                await self._send(owner, message.SerializeToString())
+            if self._scaling():
+                self._held.append((wire.Batch(unsubscriptions=unsubscriptions), replies))
+                return
+            await self._remove(await self._ready(), unsubscriptions, replies)
+
+    async def _place(
+        self,
+        configuration: Configuration,
+        subscriptions: wire.Subscriptions,
+        replies: asyncio.Queue[wire.RequestAck | None],
+    ) -> None:
+        """Send each subscription to its owner (the lock is held)."""
+        owners = configuration.selector.owners_of([p.id for p in subscriptions.placements])
+        parts: dict[str, list[wire.Placement]] = {}
+        for placement, owner in zip(subscriptions.placements, owners, strict=True):
+            parts.setdefault(owner, []).append(placement)
+        number = self._open(subscriptions.request, replies, set(parts))
+        for owner, placements in parts.items():
+            message = wire.Batch(
+                subscriptions=wire.Subscriptions(
+                    request=number, placements=placements, replace=subscriptions.replace
+                )
+            )
+            await self._send(owner, message.SerializeToString())
+
+    async def _remove(
+        self,
+        configuration: Configuration,
+        unsubscriptions: wire.Unsubscriptions,
+        replies: asyncio.Queue[wire.RequestAck | None],
+    ) -> None:
+        """Send each unsubscription to the owner of its id (the lock is held)."""
+        owners = configuration.selector.owners_of(list(unsubscriptions.ids))
+        parts: dict[str, list[str]] = {}
+        for subscription_id, owner in zip(unsubscriptions.ids, owners, strict=True):
+            parts.setdefault(owner, []).append(subscription_id)
+        number = self._open(unsubscriptions.request, replies, set(parts))
+        for owner, ids in parts.items():
+            message = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=number, ids=ids))
+            await self._send(owner, message.SerializeToString())
 
     def _refuse(
         self, batch: wire.Batch, reason: str, replies: asyncio.Queue[wire.RequestAck | None]
@@ -195,6 +229,87 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         if request:
             error = pb.Error(code="UNAVAILABLE", message=f"the cluster is not ready: {reason}")
             replies.put_nowait(wire.RequestAck(request=request, error=error))
+
+    # -- the scale protocol (docs/protocol.md) ---------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self._ctx().loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("scale step failed", exc_info=task.exception())
+
+    def _scaling(self) -> bool:
+        """A scale runs and this access point has not switched to its new epoch yet."""
+        plan = self._scale.plan if self._scale else None
+        return plan is not None and self._routed_epoch < plan.new.epoch
+
+    async def _follow_scale(self) -> None:
+        """A plan appeared: send the start marker, in order with the data, to each old matcher.
+
+        From then on new (un)subscriptions are held until this access point switches; updates
+        keep flowing to the old matchers, tagged with the old epoch (matching never pauses).
+        A plan that disappears before the switch was rolled back: release what was held.
+        """
+        async with self._lock:
+            plan = self._scale.plan if self._scale else None
+            if plan is None:
+                await self._release_held()
+                return
+            if plan.id == self._scale_started or self._routed_epoch >= plan.new.epoch:
+                return
+            self._scale_started = plan.id
+            marker = wire.Batch(
+                marker=wire.Marker(kind="start-scale", epoch=plan.new.epoch, body=plan.encode())
+            ).SerializeToString()
+            for name in plan.old.matchers:
+                await self._send(name, marker)
+            _log.info(
+                "scale %s: start markers sent to %d matchers", plan.id, len(plan.old.matchers)
+            )
+
+    async def _follow_configuration(self) -> None:
+        """The configuration moved to a new epoch: switch now, even if no update flows."""
+        async with self._lock:
+            current = self._config.current if self._config else None
+            if current is None:
+                return
+            if not self._routed_epoch:
+                self._routed_epoch = current.epoch  # the first configuration seen
+            elif current.epoch != self._routed_epoch:
+                await self._ready()
+                await self._switch(current)
+
+    async def _switch(self, configuration: Configuration) -> None:
+        """Route under ``configuration`` from now on (the lock is held).
+
+        The matchers of the previous epoch get a switch marker first: after it, nothing of
+        the old epoch comes from this access point. Then what was held is routed anew.
+        """
+        assert self._config is not None
+        previous = self._config.history.get(self._routed_epoch)
+        if previous is not None and self._routed_epoch:
+            marker = wire.Batch(
+                marker=wire.Marker(kind="switch", epoch=configuration.epoch)
+            ).SerializeToString()
+            for name in previous.matchers:
+                await self._send(name, marker)
+        self._routed_epoch = configuration.epoch
+        _log.info("routing under epoch %d", configuration.epoch)
+        await self._release_held()
+
+    async def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for batch, replies in held:
+            body = batch.WhichOneof("body")
+            configuration = await self._ready()
+            if body == "subscriptions":
+                await self._place(configuration, batch.subscriptions, replies)
+            else:
+                await self._remove(configuration, batch.unsubscriptions, replies)
 
     # -- acknowledgements -----------------------------------------------------------------
 
@@ -251,6 +366,13 @@ class AccessPoint(wire_grpc.AccessPointServicer):
 
         if not ready():
             self._sync_links()
+            current = self._config.current
+            if not ready() and current is not None:
+                _log.info(
+                    "waiting for matchers %s (known: %s)",
+                    [n for n in current.matchers if not self._linked(n)],
+                    sorted(self._matchers.by_name) if self._matchers else [],
+                )
             waited = await self._config.wait_until(ready, READY_WAIT)
             if not waited:
                 waited = await self._matchers.wait_until(ready, 0.1) if self._matchers else False
@@ -270,6 +392,9 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         ctx = self._ctx()
         current = self._config.current
         wanted = set(current.matchers) if current else set()
+        plan = self._scale.plan if self._scale else None
+        if plan is not None:
+            wanted |= set(plan.old.matchers) | set(plan.new.matchers)
         for name in wanted:
             member = self._matchers.by_name.get(name)
             if member is None or self._linked(name):

@@ -20,16 +20,21 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
+from broker.coordination.scale import ScalePlan
+from broker.coordination.scale import report as scale_report
 from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
+from broker.partition.parts import split_moved, unpack_part
 from broker.runtime.handles import connection_point_of
-from broker.runtime.link import Link, LinkState
-from broker.runtime.peers import ConfigurationView, Peers
+from broker.runtime.link import CHANNEL_OPTIONS, Link, LinkState
+from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.serialization import unpack_subscription, unpackb
 from broker.wire import client_pb2 as pb
@@ -47,6 +52,28 @@ COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
+@dataclass(eq=False)
+class _Scaling:
+    """This matcher's part in a running scale."""
+
+    plan: ScalePlan
+    started_from: set[str] = field(default_factory=set)  # access points whose marker came
+    switched_from: set[str] = field(default_factory=set)
+    parts_from: set[str] = field(default_factory=set)  # old matchers whose part came
+    split: bool = False
+    sent: bool = False  # its own parts are with their owners
+    ready: bool = False
+    moved_out: list[str] = field(default_factory=list)
+    received: int = 0
+    received_bytes: int = 0
+
+
+def _grown(array: npt.NDArray[Any], size: int, fill: object) -> npt.NDArray[Any]:
+    grown = np.full(size, fill, dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
 class Matcher(wire_grpc.MatcherServicer):
     """The matcher role (see the module doc)."""
 
@@ -55,6 +82,15 @@ class Matcher(wire_grpc.MatcherServicer):
         self._engine = Engine()
         self._handles: npt.NDArray[np.uint64] = np.zeros(1024, dtype=np.uint64)
         self._handle_of: dict[str, int] = {}
+        # During a scale, by slot: does the subscription count for the old / the new epoch?
+        self._in_old: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
+        self._in_new: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
+        self._scaling: _Scaling | None = None
+        self._pending_parts: list[wire.Part] = []
+        self._access_points: Peers | None = None
+        self._matchers: Peers | None = None
+        self._scale_view: ScaleView | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._exits: Peers | None = None
         self._config: ConfigurationView | None = None
         self._links: dict[int, Link] = {}  # exit point sequence -> link
@@ -74,6 +110,10 @@ class Matcher(wire_grpc.MatcherServicer):
         self._sync_links()
         self._connection_points = Peers(context.zk, "connection-point", context.loop)
         self._connection_points.on_change(self._forget_departed)
+        self._access_points = Peers(context.zk, "access-point", context.loop)
+        self._matchers = Peers(context.zk, "matcher", context.loop)
+        self._scale_view = ScaleView(context.zk, context.loop)
+        self._scale_view.on_change(self._follow_scale)
 
     def _forget_departed(self) -> None:
         """Drop the subscriptions of connection points that left (their sessions are gone).
@@ -101,8 +141,11 @@ class Matcher(wire_grpc.MatcherServicer):
             self._ctx().metrics.subscriptions.set(len(self._engine))
 
     async def stop(self) -> None:
-        if self._connection_points is not None:
-            self._connection_points.stop()
+        for peers in (self._connection_points, self._access_points, self._matchers):
+            if peers is not None:
+                peers.stop()
+        if self._scale_view is not None:
+            self._scale_view.stop()
         for watched in (self._config, self._exits):
             if watched is not None:
                 watched.stop()
@@ -134,6 +177,9 @@ class Matcher(wire_grpc.MatcherServicer):
                 yield self._subscribe(batch.subscriptions)
             elif body == "unsubscriptions":
                 yield self._unsubscribe(batch.unsubscriptions)
+            elif body == "marker":
+                async with self._lock:
+                    await self._marker(sender, batch.marker)
 
     def _subscribe(self, subscriptions: wire.Subscriptions) -> wire.RequestAck:
         ids = []
@@ -192,16 +238,23 @@ class Matcher(wire_grpc.MatcherServicer):
         error = pb.Error(code=mapping_for(exc).grpc_status, message=str(exc))
         return wire.RequestAck(request=request, error=error)
 
-    def _remember(self, subscription_id: str, handle: int) -> None:
+    def _remember(
+        self, subscription_id: str, handle: int, *, old: bool = True, new: bool = True
+    ) -> None:
+        """Keep a subscription's handle by slot, and whether it counts in the old and the new
+        epoch of a running scale (both, outside a scale)."""
         self._handle_of[subscription_id] = handle
         slot = self._engine.slot_of(subscription_id)
         if slot is None:
             return
         if slot >= len(self._handles):
-            grown = np.zeros(max(slot + 1, 2 * len(self._handles)), dtype=np.uint64)
-            grown[: len(self._handles)] = self._handles
-            self._handles = grown
+            size = max(slot + 1, 2 * len(self._handles))
+            self._handles = _grown(self._handles, size, 0)
+            self._in_old = _grown(self._in_old, size, True)
+            self._in_new = _grown(self._in_new, size, True)
         self._handles[slot] = handle
+        self._in_old[slot] = old
+        self._in_new[slot] = new
 
     # -- matching -----------------------------------------------------------------------
 
@@ -210,6 +263,10 @@ class Matcher(wire_grpc.MatcherServicer):
         started = time.perf_counter()
         batch = [trusted_update_from_obj(obj) for obj in unpackb(updates.matchable)]
         results = self._engine.match_batch_slots(batch)
+        if self._scaling is not None:  # count each subscription in its epoch only
+            plan = self._scaling.plan
+            counts = self._in_old if updates.epoch <= plan.old.epoch else self._in_new
+            results = [slots[counts[slots]] for slots in results]
         count = len(batch)
         lengths = np.fromiter(map(len, results), dtype=np.int64, count=count)
         items = np.flatnonzero(lengths)
@@ -256,6 +313,198 @@ class Matcher(wire_grpc.MatcherServicer):
             partial.last_seq = last
             partial.epoch = updates.epoch
             await link.send(wire.Gather(partial=partial).SerializeToString())
+
+    # -- the scale protocol (docs/protocol.md) ---------------------------------------------
+
+    async def _marker(self, access_point: str, marker: wire.Marker) -> None:
+        """A control marker from an access point, in order with its data (the lock is held)."""
+        if marker.kind == "start-scale":
+            plan = ScalePlan.decode(marker.body)
+            scaling = self._scaling_for(plan)
+            scaling.started_from.add(access_point)
+            _log.info(
+                "scale %s: start marker from %s (%s of %s)",
+                plan.id,
+                access_point,
+                sorted(scaling.started_from),
+                sorted(self._access_point_names()),
+            )
+            if not scaling.split and scaling.started_from >= self._access_point_names():
+                await self._split(scaling)
+        elif marker.kind == "switch":
+            current = self._scaling
+            if current is None:
+                return
+            current.switched_from.add(access_point)
+            if current.switched_from >= self._access_point_names():
+                await self._finish(current)
+
+    def _scaling_for(self, plan: ScalePlan) -> _Scaling:
+        if self._scaling is None or self._scaling.plan.id != plan.id:
+            self._scaling = _Scaling(plan)
+            pending, self._pending_parts = self._pending_parts, []
+            for part in pending:
+                self._load(part)
+        return self._scaling
+
+    def _access_point_names(self) -> set[str]:
+        assert self._access_points is not None
+        return set(self._access_points.by_name)
+
+    async def _split(self, scaling: _Scaling) -> None:
+        """Every access point's start marker is in (the cut): send what moves to its owners.
+
+        The subscriptions stay here, counted for the old epoch only, until every access
+        point has switched: matching of old-epoch updates goes on undisturbed.
+        """
+        ctx = self._ctx()
+        scaling.split = True
+        plan = scaling.plan
+        if ctx.name not in plan.old.matchers:
+            await self._check_ready(scaling)
+            return
+        parts = split_moved(self._engine, plan.old.selector, plan.new.selector, ctx.name)
+        moved = [
+            s.id
+            for s in self._engine.subscriptions()
+            if plan.old.selector.owner_of(s.id) == ctx.name
+            and plan.new.selector.owner_of(s.id) != ctx.name
+        ]
+        for subscription_id in moved:
+            slot = self._engine.slot_of(subscription_id)
+            if slot is not None:
+                self._in_new[slot] = False
+        scaling.moved_out = list(moved)
+        _log.info("scale %s: %d subscriptions move away", plan.id, len(moved))
+        ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
+        # Sent without holding the lock: two matchers sending each other parts would
+        # otherwise wait for each other forever. Matching goes on meanwhile.
+        task = ctx.loop.create_task(self._send_parts(scaling, parts))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_parts(self, scaling: _Scaling, parts: dict[str, bytes]) -> None:
+        ctx = self._ctx()
+        epoch = scaling.plan.new.epoch
+        try:
+            await asyncio.gather(
+                *(
+                    self._transfer(owner, wire.Part(sender=ctx.name, epoch=epoch, data=data))
+                    for owner, data in parts.items()
+                )
+            )
+        except Exception:
+            _log.exception("sending the parts of scale %s failed", scaling.plan.id)
+            return  # never ready: the coordinator rolls the scale back
+        async with self._lock:
+            scaling.sent = True
+            await self._check_ready(scaling)
+
+    async def _transfer(self, owner: str, part: wire.Part) -> None:
+        matchers = self._matchers
+        assert matchers is not None
+        if not await matchers.wait_until(lambda: owner in matchers.by_name, 30.0):
+            raise RuntimeError(f"matcher {owner} is not registered")
+        member = matchers.by_name[owner]
+        async with grpc.aio.insecure_channel(member.address, options=CHANNEL_OPTIONS) as channel:
+            stub = wire_grpc.MatcherStub(channel)  # type: ignore[no-untyped-call]
+            await stub.Transfer(part, wait_for_ready=True, timeout=60.0)
+
+    async def Transfer(
+        self, part: wire.Part, context: grpc.aio.ServicerContext[wire.Part, wire.Empty]
+    ) -> wire.Empty:
+        async with self._lock:
+            plan = self._scale_view.plan if self._scale_view else None
+            if self._scaling is None and plan is not None and plan.new.epoch == part.epoch:
+                self._scaling_for(plan)
+            if self._scaling is None or self._scaling.plan.new.epoch != part.epoch:
+                self._pending_parts.append(part)  # the plan has not reached us yet
+                _log.info("scale: part from %s waits for its plan", part.sender)
+                return wire.Empty()
+            self._load(part)
+            await self._check_ready(self._scaling)
+        return wire.Empty()
+
+    def _load(self, part: wire.Part) -> None:
+        """Add a received part, counted for the new epoch only."""
+        scaling = self._scaling
+        assert scaling is not None
+        subscriptions = unpack_part(part.data, self._ctx().name).subscriptions
+        for subscription in subscriptions:
+            self._engine.add(subscription)
+            self._remember(subscription.id, int(subscription.subscriber, 16), old=False)
+        scaling.parts_from.add(part.sender)
+        _log.info(
+            "scale %s: part from %s (%d subscriptions)",
+            scaling.plan.id,
+            part.sender,
+            len(subscriptions),
+        )
+        scaling.received += len(subscriptions)
+        scaling.received_bytes += len(part.data)
+        self._ctx().metrics.subscriptions.set(len(self._engine))
+        self._schedule_compaction()
+
+    async def _check_ready(self, scaling: _Scaling) -> None:
+        ctx = self._ctx()
+        plan = scaling.plan
+        if scaling.ready or ctx.name not in plan.new.matchers:
+            return
+        senders = set(plan.old.matchers) - {ctx.name}
+        if not scaling.parts_from >= senders:
+            return
+        if ctx.name in plan.old.matchers and not scaling.sent:
+            return
+        scaling.ready = True
+        _log.info("scale %s: ready", plan.id)
+        body = {"moved": scaling.received, "bytes": scaling.received_bytes}
+        await asyncio.to_thread(scale_report, ctx.zk, "ready", ctx.name, body)
+
+    async def _finish(self, scaling: _Scaling) -> None:
+        """Every access point switched: drop what moved away, count everything again."""
+        for subscription_id in scaling.moved_out:
+            if subscription_id in self._engine:
+                self._engine.remove(subscription_id)
+                self._handle_of.pop(subscription_id, None)
+        self._in_old[:] = True
+        self._in_new[:] = True
+        self._scaling = None
+        ctx = self._ctx()
+        ctx.metrics.subscriptions.set(len(self._engine))
+        body = {"moved": len(scaling.moved_out)}
+        await asyncio.to_thread(scale_report, ctx.zk, "done", ctx.name, body)
+
+    def _follow_scale(self) -> None:
+        """The plan changed: a new one may let parts waiting for it in; a vanished one whose
+        epoch never became the configuration's was rolled back: undo what it did here."""
+        plan = self._scale_view.plan if self._scale_view else None
+        scaling = self._scaling
+        if plan is not None:
+            if self._pending_parts and scaling is None:
+                self._ctx().loop.create_task(self._adopt(plan))
+            return
+        if scaling is None:
+            return
+        current = self._config.current if self._config else None
+        if current is not None and current.epoch >= scaling.plan.new.epoch:
+            if self._ctx().name not in scaling.plan.old.matchers:
+                self._scaling = None  # a newcomer: it never saw the old epoch
+                self._in_old[:] = True
+            return
+        for subscription_id in list(self._handle_of):  # rolled back: drop what was received
+            slot = self._engine.slot_of(subscription_id)
+            if slot is not None and not self._in_old[slot]:
+                self._engine.remove(subscription_id)
+                del self._handle_of[subscription_id]
+        self._in_old[:] = True
+        self._in_new[:] = True
+        self._scaling = None
+
+    async def _adopt(self, plan: ScalePlan) -> None:
+        async with self._lock:
+            pending = self._pending_parts
+            if self._scaling is None and pending and pending[0].epoch == plan.new.epoch:
+                await self._check_ready(self._scaling_for(plan))
 
     async def _await_exit_points(self, wanted: set[int]) -> None:
         assert self._exits is not None

@@ -11,15 +11,18 @@ import asyncio
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
+from kazoo.recipe.watchers import DataWatch
 
 from broker.coordination.configuration import (
     ClusterConfiguration,
     Configuration,
     VersionedConfiguration,
 )
+from broker.coordination.errors import CorruptCoordinationData
 from broker.coordination.membership import Member, watch_members
+from broker.coordination.scale import SCALE, ScalePlan
 
-__all__ = ["ConfigurationView", "Peers"]
+__all__ = ["ConfigurationView", "Peers", "ScaleView"]
 
 
 class _Watched:
@@ -98,4 +101,34 @@ class ConfigurationView(_Watched):
         if configuration is not None:
             self.history[configuration.epoch] = configuration
         self.current = configuration
+        self._notify()
+
+
+class ScaleView(_Watched):
+    """The running scale's plan (None when no scale runs), followed in the event loop."""
+
+    def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.plan: ScalePlan | None = None
+        self._stopped = False
+        self._watch = DataWatch(client, SCALE, self._from_kazoo)
+
+    def stop(self) -> None:
+        """Stop following the plan."""
+        self._stopped = True
+
+    def _from_kazoo(self, data: bytes | None, _stat: object) -> bool:
+        if self._stopped:
+            return False
+        plan = None
+        if data:
+            try:
+                plan = ScalePlan.decode(data)
+            except CorruptCoordinationData:
+                plan = None
+        self._loop.call_soon_threadsafe(self._set, plan)
+        return True
+
+    def _set(self, plan: ScalePlan | None) -> None:
+        self.plan = plan
         self._notify()

@@ -111,12 +111,23 @@ class MatcherStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.Batch.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.RequestAck.FromString,
                 _registered_method=True)
+        self.Transfer = channel.unary_unary(
+                '/broker.wire.Matcher/Transfer',
+                request_serializer=broker_dot_wire_dot_internal__pb2.Part.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MatcherServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Match(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Transfer(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,6 +140,11 @@ def add_MatcherServicer_to_server(servicer, server):
                     servicer.Match,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.Batch.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.RequestAck.SerializeToString,
+            ),
+            'Transfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Transfer,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.Part.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -158,6 +174,33 @@ class Matcher:
             '/broker.wire.Matcher/Match',
             broker_dot_wire_dot_internal__pb2.Batch.SerializeToString,
             broker_dot_wire_dot_internal__pb2.RequestAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Transfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.Matcher/Transfer',
+            broker_dot_wire_dot_internal__pb2.Part.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

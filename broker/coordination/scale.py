@@ -1,0 +1,148 @@
+"""The scale protocol's znodes: the plan of a running scale, and its participants' reports.
+
+Layout (under the cluster's chroot)::
+
+    /scale                      persistent while a scale runs; JSON: the plan
+        {"id": "...", "old": <configuration>, "new": <configuration>, "started": 1763750000.5}
+    /scale/owner                ephemeral: the coordinator's session (a scale without it is
+                                stale: its coordinator died)
+    /scale/ready/<matcher>      each matcher of the new configuration once it holds its parts;
+                                JSON {"moved": n, "bytes": b} received
+    /scale/done/<matcher>       each matcher of the old configuration once every access point
+                                has switched on its channel (it dropped what moved away)
+
+Only one scale at a time: :func:`begin` creates ``/scale`` or fails with ScaleInProgress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from broker.coordination.configuration import Configuration
+from broker.coordination.errors import CoordinationError, CorruptCoordinationData, translated
+
+__all__ = [
+    "SCALE",
+    "ScaleInProgress",
+    "ScalePlan",
+    "begin",
+    "finish",
+    "read_plan",
+    "report",
+    "reports",
+]
+
+SCALE = "/scale"
+
+
+class ScaleInProgress(CoordinationError):
+    """Another scale is running; one runs at a time."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePlan:
+    """A scale from one configuration to the next (epoch + 1)."""
+
+    id: str
+    old: Configuration
+    new: Configuration
+    started: float
+
+    @classmethod
+    def of(cls, old: Configuration, new: Configuration) -> ScalePlan:
+        """A new plan with a fresh id."""
+        return cls(uuid.uuid4().hex[:12], old, new, time.time())
+
+    def encode(self) -> bytes:
+        """The /scale znode's JSON data."""
+        return json.dumps(
+            {
+                "id": self.id,
+                "old": json.loads(self.old.encode()),
+                "new": json.loads(self.new.encode()),
+                "started": self.started,
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ScalePlan:
+        """The plan in ``data``; CorruptCoordinationData if unreadable."""
+        try:
+            body = json.loads(data)
+            return cls(
+                str(body["id"]),
+                Configuration.decode(json.dumps(body["old"]).encode()),
+                Configuration.decode(json.dumps(body["new"]).encode()),
+                float(body["started"]),
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptCoordinationData(f"the scale plan is unreadable: {exc}") from exc
+
+
+def begin(client: KazooClient, plan: ScalePlan) -> None:
+    """Publish the plan; ScaleInProgress if a live scale exists (a stale one is removed)."""
+    with translated("begin a scale"):
+        try:
+            client.create(SCALE, plan.encode())
+        except NodeExistsError:
+            if client.exists(f"{SCALE}/owner") is not None:
+                raise ScaleInProgress(
+                    "another scale is running; wait for it to end (one scale at a time)"
+                ) from None
+            client.delete(SCALE, recursive=True)  # its coordinator died: stale
+            client.create(SCALE, plan.encode())
+        client.create(f"{SCALE}/owner", plan.id.encode(), ephemeral=True)
+        client.ensure_path(f"{SCALE}/ready")
+        client.ensure_path(f"{SCALE}/done")
+
+
+def read_plan(client: KazooClient) -> ScalePlan | None:
+    """The running scale's plan, or None."""
+    with translated("read the scale plan"):
+        try:
+            data, _stat = client.get(SCALE)
+        except NoNodeError:
+            return None
+    return ScalePlan.decode(data)
+
+
+def report(client: KazooClient, stage: str, name: str, body: Mapping[str, float]) -> None:
+    """A participant reports a stage (``ready`` or ``done``) of the running scale."""
+    with translated(f"report {stage} for {name}"):
+        try:
+            client.create(f"{SCALE}/{stage}/{name}", json.dumps(body).encode())
+        except NodeExistsError:
+            pass
+        except NoNodeError:
+            pass  # the scale ended (rolled back) meanwhile
+
+
+def reports(client: KazooClient, stage: str) -> dict[str, dict[str, float]]:
+    """The reports of a stage so far, by participant."""
+    found: dict[str, dict[str, float]] = {}
+    with translated(f"read the {stage} reports"):
+        try:
+            names = client.get_children(f"{SCALE}/{stage}")
+        except NoNodeError:
+            return found
+        for name in names:
+            try:
+                data, _stat = client.get(f"{SCALE}/{stage}/{name}")
+            except NoNodeError:
+                continue
+            found[name] = json.loads(data) if data else {}
+    return found
+
+
+def finish(client: KazooClient) -> None:
+    """Remove the scale's znodes (it completed or was rolled back)."""
+    with translated("end the scale"), contextlib.suppress(NoNodeError):
+        client.delete(SCALE, recursive=True)

@@ -1,0 +1,131 @@
+"""Matchers scaled out and back in while updates flow: nothing lost, duplicated or reordered.
+
+A steady publisher runs through both scales; the subscriber's notifications are compared
+with the reference matcher (``assert_exact_delivery``). The scale moves only the
+subscriptions whose owner changes, and matching never pauses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import StartCluster
+from kazoo.client import KazooClient
+
+from broker.bench.workloads.iot import iot_subscriptions, iot_updates
+from broker.client import Client
+from broker.cluster import LocalCluster
+from broker.coordination.client import connect
+from broker.coordination.scaling import scale_matchers
+from broker.model.update import ContextUpdate
+from broker.runtime.options import Role
+from integration.conftest import (
+    Published,
+    Recorder,
+    assert_exact_delivery,
+    end_marker,
+    subscriptions_held,
+)
+
+
+@pytest.fixture
+def zk_of() -> Iterator[list[KazooClient]]:
+    clients: list[KazooClient] = []
+    yield clients
+    for client in clients:
+        client.stop()
+        client.close()
+
+
+class _SteadyPublisher(threading.Thread):
+    """Publishes its updates in small batches at a steady pace, then its end marker."""
+
+    def __init__(self, endpoints: list[str], index: int, updates: list[ContextUpdate]) -> None:
+        super().__init__(daemon=True)
+        self.endpoints = endpoints
+        self.published = Published(f"steady-{index}", [*updates, end_marker(index, len(updates))])
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(self.endpoints, publisher=self.published.publisher) as client:
+                updates = self.published.updates
+                for start in range(0, len(updates), 10):
+                    client.publish_many(updates[start : start + 10], batch_size=10)
+                    time.sleep(0.02)
+        except BaseException as exc:
+            self.error = exc
+
+
+def _matchers(cluster: LocalCluster) -> list[str]:
+    return [m.name for m in cluster.members_of(Role.MATCHER)]
+
+
+@pytest.mark.parametrize(("first", "peak"), [(2, 4), (1, 3)])
+def test_matchers_scale_out_and_in_while_updates_flow(
+    start_cluster: StartCluster, zk_of: list[KazooClient], first: int, peak: int
+) -> None:
+    cluster = start_cluster(matchers=first)
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    zk_of.append(zk)
+    subscriptions = iot_subscriptions(400, seed=5, stations=60)
+    recorder = Recorder(cluster.endpoints, "raw", raw=True)
+    try:
+        recorder.subscribe(subscriptions)
+        updates = iot_updates(2400, seed=9, stations=60)
+        publishers = [_SteadyPublisher(cluster.endpoints, i, updates[i::2]) for i in range(2)]
+        for publisher in publishers:
+            publisher.start()
+        time.sleep(0.5)
+
+        cluster.add(Role.MATCHER, peak - first)
+        out = scale_matchers(zk, _matchers(cluster), timeout=30.0)
+        overlapped = any(p.is_alive() for p in publishers)
+        assert out.outcome == "completed", out
+        assert out.epoch == 2
+        held = len(subscriptions) + 1  # and the end-marker subscription
+        # Only what changes owner moves: about (peak - first) / peak of the subscriptions.
+        assert 0 < out.moved_subscriptions < held
+        assert out.moved_bytes > 0
+        assert subscriptions_held(cluster)["matcher"] == held
+
+        back = scale_matchers(zk, _matchers(cluster)[:first], timeout=30.0)
+        assert back.outcome == "completed", back
+        assert back.epoch == 3
+        assert overlapped, "the publishers finished before the scale"
+        cluster.retire(_matchers(cluster)[first:])
+        assert subscriptions_held(cluster)["matcher"] == held
+
+        for publisher in publishers:
+            publisher.join(60.0)
+            assert publisher.error is None, publisher.error
+        published = [p.published for p in publishers]
+        recorder.wait_for_markers(p.publisher for p in published)
+        assert assert_exact_delivery(recorder, published) > 300
+    finally:
+        recorder.close()
+
+
+def test_a_second_scale_while_one_runs_is_rejected(
+    start_cluster: StartCluster, zk_of: list[KazooClient]
+) -> None:
+    cluster = start_cluster(matchers=1)
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    zk_of.append(zk)
+    from broker.coordination.configuration import ClusterConfiguration
+    from broker.coordination.scale import ScalePlan, begin, finish
+
+    current = ClusterConfiguration(zk).read()
+    assert current is not None
+    begin(zk, ScalePlan.of(current.configuration, current.configuration.next(["x"])))
+    try:
+        other = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+        zk_of.append(other)
+        outcome = scale_matchers(other, ["y"], timeout=5.0)
+        assert outcome.outcome == "rejected"
+        assert "another scale is running" in outcome.message
+    finally:
+        finish(zk)
