@@ -88,20 +88,29 @@ class ScalePlan:
 
 
 def begin(client: KazooClient, plan: ScalePlan) -> None:
-    """Publish the plan; ScaleInProgress if a live scale exists (a stale one is removed)."""
+    """Publish the plan; ScaleInProgress if a live scale exists (a stale one is removed).
+
+    The plan and its report directories appear in one transaction: a participant that sees
+    the plan can always report.
+    """
     with translated("begin a scale"):
-        try:
-            client.create(SCALE, plan.encode())
-        except NodeExistsError:
+        if client.exists(SCALE) is not None:
             if client.exists(f"{SCALE}/owner") is not None:
                 raise ScaleInProgress(
                     "another scale is running; wait for it to end (one scale at a time)"
-                ) from None
+                )
             client.delete(SCALE, recursive=True)  # its coordinator died: stale
-            client.create(SCALE, plan.encode())
-        client.create(f"{SCALE}/owner", plan.id.encode(), ephemeral=True)
-        client.ensure_path(f"{SCALE}/ready")
-        client.ensure_path(f"{SCALE}/done")
+        transaction = client.transaction()
+        transaction.create(SCALE, plan.encode())
+        transaction.create(f"{SCALE}/ready")
+        transaction.create(f"{SCALE}/done")
+        transaction.create(f"{SCALE}/owner", plan.id.encode(), ephemeral=True)
+        results = transaction.commit()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            if isinstance(failures[0], NodeExistsError):
+                raise ScaleInProgress("another scale began at the same moment; try again")
+            raise failures[0]
 
 
 def read_plan(client: KazooClient) -> ScalePlan | None:

@@ -406,13 +406,16 @@ class Matcher(wire_grpc.MatcherServicer):
         if not await matchers.wait_until(lambda: owner in matchers.by_name, 30.0):
             raise RuntimeError(f"matcher {owner} is not registered")
         member = matchers.by_name[owner]
+        _log.info("sending a part of %d bytes to %s", len(part.data), owner)
         async with grpc.aio.insecure_channel(member.address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.MatcherStub(channel)  # type: ignore[no-untyped-call]
             await stub.Transfer(part, wait_for_ready=True, timeout=60.0)
+        _log.info("sent the part to %s", owner)
 
     async def Transfer(
         self, part: wire.Part, context: grpc.aio.ServicerContext[wire.Part, wire.Empty]
     ) -> wire.Empty:
+        _log.info("a part arrives from %s (epoch %d)", part.sender, part.epoch)
         async with self._lock:
             plan = self._scale_view.plan if self._scale_view else None
             if self._scaling is None and plan is not None and plan.new.epoch == part.epoch:
