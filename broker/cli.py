@@ -8,7 +8,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo demo                      broker.demo_cluster
     silbo demo-engine               broker.demo
     silbo run ROLE                  broker.commands.run
-    silbo admin init|status         broker.commands.admin
+    silbo admin init|status|scale   broker.commands.admin
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo bench match               broker.bench.match
@@ -39,7 +39,7 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
         "run one broker process (connection point, access point, matcher, exit point)",
         run.configure,
     ),
-    ("admin", "operate a running cluster (init, status)", admin.configure),
+    ("admin", "operate a running cluster (init, status, scale)", admin.configure),
     ("up", up.HELP, up.configure),
     ("down", down.HELP, down.configure),
     ("publish", "publish one context update (NAME[:TYPE]=VALUE attributes)", publish.configure),

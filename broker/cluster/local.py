@@ -719,3 +719,100 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+# -- changing a running cluster from another process (silbo admin scale) -----------------
+
+
+def add_processes(
+    state_dir: Path, role: Role, count: int, *, timeout: float = 60.0
+) -> list[Member]:
+    """Start ``count`` more ``role`` processes for the cluster of ``STATE_DIR/cluster.json``.
+
+    They run detached (their own session; logs under the state directory), are recorded in
+    cluster.json (so ``silbo down`` stops them) and are returned once registered. They join
+    the configuration only through a scale.
+    """
+    state_dir = Path(state_dir)
+    description = read_cluster(state_dir)
+    if description is None:
+        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
+    zk, cluster = description["zookeeper"]["address"], description["cluster"]
+    logs = Path(description.get("state_dir") or state_dir) / "logs"
+    taken = {p.get("log") for p in description.get("processes") or []}
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+    number = 1
+    for _ in range(count):
+        while str(logs / f"{role.value}-{number}.log") in taken:
+            number += 1
+        log = logs / f"{role.value}-{number}.log"
+        taken.add(str(log))
+        command = [sys.executable, "-m", "broker.cli", "run", role.value, "--zk", zk]
+        command += ["--cluster", cluster, "--listen", f"{HOST}:0"]
+        with open(log, "ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        started.append((process, log))
+    client = connect(zk, cluster=cluster, timeout=10.0)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            by_pid = {m.pid: m for m in members(client, role.value)}
+            if all(p.pid in by_pid for p, _log in started):
+                break
+            exited = [(p, log) for p, log in started if p.poll() is not None]
+            if exited or time.monotonic() > deadline:
+                for process, _log in started:
+                    process.kill()
+                why = f"exited:\n{_tail(exited[0][1])}" if exited else "did not register in time"
+                raise ClusterError(f"a new {role.value} {why}")
+            time.sleep(0.05)
+    finally:
+        _close(client)
+    new = [by_pid[p.pid] for p, _log in started]
+    description.setdefault("processes", []).extend(
+        {
+            "role": role.value,
+            "name": member.name,
+            "pid": member.pid,
+            "start_time": _start_time(member.pid),
+            "address": member.address,
+            "metrics": member.metrics,
+            "log": str(log),
+        }
+        for member, (_p, log) in zip(new, started, strict=True)
+    )
+    _rewrite(state_dir, description)
+    return new
+
+
+def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = STOP_GRACE) -> int:
+    """Stop the processes of cluster.json with these member names; how many were running."""
+    state_dir = Path(state_dir)
+    description = read_cluster(state_dir)
+    if description is None:
+        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
+    wanted = set(names)
+    leaving = [p for p in description.get("processes") or [] if p.get("name") in wanted]
+    pids = [
+        int(p["pid"])
+        for p in leaving
+        if _same_process(int(p.get("pid") or 0), p.get("start_time"), "broker.cli run")
+    ]
+    _terminate(pids, grace=grace)
+    description["processes"] = [p for p in description["processes"] if p not in leaving]
+    _rewrite(state_dir, description)
+    return len(pids)
+
+
+def _rewrite(state_dir: Path, description: dict[str, Any]) -> None:
+    path = state_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(description, indent=2) + "\n")
+    tmp.replace(path)

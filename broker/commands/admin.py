@@ -2,6 +2,7 @@
 
     silbo admin init --matchers N [--timeout S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
     silbo admin status [--json] [--interval S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
+    silbo admin scale matchers N [--json] [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
 
 ``init`` forms a cluster whose processes were started one by one (``silbo run``; compose/):
 it waits for N matchers to register and writes the first configuration. ``status`` shows
@@ -22,12 +23,14 @@ from typing import Any
 
 import grpc
 
+from broker.cluster.local import add_processes, retire_processes
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
+from broker.coordination.scaling import scale_matchers
 from broker.errors import InvalidInput, SilboError
-from broker.runtime.options import DEFAULT_CLUSTER
+from broker.runtime.options import DEFAULT_CLUSTER, Role
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
@@ -49,6 +52,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.add_argument("--interval", type=float, default=1.0, help="seconds to measure rates")
     status.set_defaults(handler=run_status)
+    scale = commands.add_parser("scale", help="change the number of matchers while traffic flows")
+    scale.add_argument("layer", choices=["matchers"], help="the layer to scale")
+    scale.add_argument("count", type=int, help="how many processes the layer should have")
+    _where(scale)
+    scale.add_argument("--json", action="store_true", help="one JSON object")
+    scale.add_argument("--timeout", type=float, default=60.0, help="seconds before rolling back")
+    scale.set_defaults(handler=run_scale)
 
 
 def _where(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +98,69 @@ def run_init(args: argparse.Namespace) -> int:
     matchers = ", ".join(configuration.matchers)
     print(f"cluster {cluster}: epoch {configuration.epoch}, matchers {matchers}")
     return 0
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    """Scale the matchers to N (docs/protocol.md); prints the outcome. Exit 0 if completed.
+
+    For a cluster of ``silbo up`` (``--state-dir``), new matchers are started and leaving ones
+    stopped by the command. For an external cluster (``--zk``), start the new matchers first
+    (``silbo run matcher``): registered matchers outside the configuration are taken in
+    registration order; leaving matchers are stopped by the operator afterwards (they are
+    idle once the scale completes).
+    """
+    if args.count < 1:
+        print("silbo admin scale: error: a cluster needs at least one matcher", file=sys.stderr)
+        return 2
+    try:
+        hosts, cluster = cluster_address(args)
+        client = connect(hosts, cluster=cluster, timeout=10.0)
+    except SilboError as exc:
+        print(f"silbo admin scale: error: {exc}", file=sys.stderr)
+        return 2
+    local = None if args.zk else Path(args.state_dir or ".silbo")
+    try:
+        current = ClusterConfiguration(client).read()
+        if current is None:
+            print("silbo admin scale: error: the cluster is not formed", file=sys.stderr)
+            return 2
+        old = list(current.configuration.matchers)
+        leaving: list[str] = []
+        if args.count > len(old):
+            idle = [m.name for m in members(client, "matcher") if m.name not in old]
+            missing = args.count - len(old) - len(idle)
+            if missing > 0 and local is None:
+                print(
+                    f"silbo admin scale: error: {missing} more matchers must be running first "
+                    "(start them with silbo run matcher)",
+                    file=sys.stderr,
+                )
+                return 2
+            if missing > 0 and local is not None:
+                idle += [m.name for m in add_processes(local, Role.MATCHER, missing)]
+            new = old + idle[: args.count - len(old)]
+        else:
+            new, leaving = old[: args.count], old[args.count :]
+        outcome = scale_matchers(client, new, timeout=args.timeout)
+        if outcome.outcome == "completed" and leaving and local is not None:
+            retire_processes(local, leaving)
+    except SilboError as exc:
+        print(f"silbo admin scale: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.stop()
+        client.close()
+    if args.json:
+        print(json.dumps(outcome.to_dict(), sort_keys=True))
+    else:
+        took = f"{outcome.duration_s:.2f} s"
+        print(
+            f"{outcome.outcome}: matchers {len(old)} -> {args.count} in {took}, "
+            f"{outcome.moved_subscriptions} subscriptions ({outcome.moved_bytes} bytes) moved, "
+            f"no-matching time {outcome.no_matching_ms:g} ms, epoch {outcome.epoch}"
+            + (f" ({outcome.message})" if outcome.message else "")
+        )
+    return 0 if outcome.outcome == "completed" else 1
 
 
 def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, Any]:

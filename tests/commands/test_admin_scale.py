@@ -1,0 +1,59 @@
+"""``silbo admin scale matchers N`` on a cluster of ``silbo up``: it starts and retires matchers."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import StartCluster
+
+from broker.cli import main
+from broker.client import Client
+from broker.cluster.local import read_cluster
+from broker.model.update import ContextUpdate
+
+
+def _matchers(state_dir: object) -> list[dict[str, object]]:
+    description = read_cluster(state_dir)  # type: ignore[arg-type]
+    assert description is not None
+    return [p for p in description["processes"] if p["role"] == "matcher"]
+
+
+def test_scale_out_and_in_through_the_command(
+    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = start_cluster(matchers=2)
+    state = str(cluster.state_dir)
+    with Client(cluster.endpoints) as client:
+        subscriptions = [client.subscribe(id=f"Room{i}") for i in range(30)]
+        assert main(["admin", "scale", "matchers", "3", "--state-dir", state, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["outcome"] == "completed" and out["epoch"] == 2
+        assert 0 < out["moved_subscriptions"] < 30 and out["no_matching_ms"] == 0
+        assert set(out) >= {"duration_s", "moved_bytes"}
+        added = _matchers(state)[-1]
+        assert len(_matchers(state)) == 3
+
+        client.publish(ContextUpdate.of("Room7", {"t": 1}))
+        assert subscriptions[7].get(timeout=10).update.entity_id == "Room7"
+
+        assert main(["admin", "scale", "matchers", "2", "--state-dir", state]) == 0
+        assert capsys.readouterr().out.startswith("completed: matchers 3 -> 2")
+        assert len(_matchers(state)) == 2
+        assert not os.path.exists(f"/proc/{added['pid']}") or _zombie(int(str(added["pid"])))
+        client.publish(ContextUpdate.of("Room9", {"t": 2}))
+        assert subscriptions[9].get(timeout=10).update.entity_id == "Room9"
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_cluster_needs_a_matcher(
+    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = start_cluster(matchers=1)
+    assert main(["admin", "scale", "matchers", "0", "--state-dir", str(cluster.state_dir)]) == 2
+    assert "at least one matcher" in capsys.readouterr().err
