@@ -186,6 +186,11 @@ class LocalCluster:
         return self._zk_address
 
     @property
+    def running(self) -> bool:
+        """Whether cluster.json says "running" (start has done its work, or nearly)."""
+        return self._status == "running"
+
+    @property
     def endpoints(self) -> list[str]:
         """The connection points' addresses (what clients connect to)."""
         return list(self.description.get("endpoints", []))

@@ -144,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
             _summary(description, detached=False)
             return _serve(cluster)
         except Stopped as stop:
-            if serving:
+            # Once cluster.json says running, whoever watches it may already stop us: that
+            # is a stop of a cluster that is up, even if start() had not quite returned.
+            if serving or cluster.running:
                 print(f"silbo up: {stop}: stopping the cluster", file=sys.stderr)
                 return 0
             print(f"silbo up: {stop} while starting: stopping everything", file=sys.stderr)
