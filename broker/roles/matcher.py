@@ -484,7 +484,9 @@ class Matcher(wire_grpc.MatcherServicer):
         scaling = self._scaling
         if plan is not None:
             if self._pending_parts and scaling is None:
-                self._ctx().loop.create_task(self._adopt(plan))
+                task = self._ctx().loop.create_task(self._adopt(plan))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             return
         if scaling is None:
             return
