@@ -199,7 +199,7 @@ def _measure(args: argparse.Namespace, report: E2eReport, target: str) -> None:
         handle_numbers = _handle_numbers(subscriber)
         _say(f"publishing for {args.duration:.0f} s at {args.rate} updates/s")
         published, started, stopped = _publish(publisher, entities, args, rate, sent_at, batches)
-        expected_pairs = _expected(subscriptions, pool, published, ids, handle_numbers)
+        expected_pairs = _expected(subscriptions, pool, published, ids)
         report.expected = len(expected_pairs)
         deadline = time.perf_counter() + args.drain
         while receiver.count < report.expected and time.perf_counter() < deadline:
@@ -306,7 +306,6 @@ def _expected(
     pool: list[Any],
     published: int,
     ids: list[str],
-    numbers: dict[int, int],
 ) -> npt.NDArray[np.int64]:
     """Every (sequence, subscription position) pair that should be delivered, encoded."""
     _say("computing the expected deliveries with the in-process engine")
@@ -325,7 +324,6 @@ def _expected(
         positions = per_update[(sequence - 1) % len(pool)]
         if len(positions):
             pairs.append(sequence * (1 << 24) + positions)
-    del numbers  # positions follow the acknowledgement order, which is the subscription order
     return np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from broker.runtime.handles import connection_points_of
-from broker.runtime.link import Link, LinkState
+from broker.runtime.link import Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers
 from broker.runtime.process import ProcessContext
 from broker.wire import internal_pb2 as wire
@@ -185,23 +185,13 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             return
         ctx = self._ctx()
         hello = wire.Handoff(hello=wire.Hello(sender=ctx.name, role="exit-point"))
-        for member in self._connection_points.members:
-            link = self._links.get(member.sequence)
-            if link is not None and link.state is LinkState.OPEN:
-                continue
-            link = Link(
-                member.name,
-                member.address,
-                _DELIVER,
-                hello.SerializeToString(),
-                metrics=ctx.metrics,
-                streaming_response=False,
-            )
-            self._links[member.sequence] = link
-            link.start()
-        gone = set(self._links) - set(self._connection_points.by_sequence)
-        for sequence in gone:
-            ctx.loop.create_task(self._links.pop(sequence).close())
+        follow_members(
+            self._links,
+            self._connection_points.members,
+            method=_DELIVER,
+            hello=hello.SerializeToString(),
+            metrics=ctx.metrics,
+        )
 
     def _ctx(self) -> ProcessContext:
         assert self._context is not None, "the role has not started"

@@ -33,7 +33,7 @@ from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
 from broker.partition.parts import split_moved, unpack_part
 from broker.runtime.handles import connection_point_of
-from broker.runtime.link import CHANNEL_OPTIONS, Link, LinkState
+from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.serialization import unpack_subscription, unpackb
@@ -524,23 +524,13 @@ class Matcher(wire_grpc.MatcherServicer):
             return
         ctx = self._ctx()
         hello = wire.Gather(hello=wire.Hello(sender=ctx.name, role="matcher"))
-        for member in self._exits.members:
-            link = self._links.get(member.sequence)
-            if link is not None and link.state is LinkState.OPEN:
-                continue
-            link = Link(
-                member.name,
-                member.address,
-                _COLLECT,
-                hello.SerializeToString(),
-                metrics=ctx.metrics,
-                streaming_response=False,
-            )
-            self._links[member.sequence] = link
-            link.start()
-        gone = set(self._links) - set(self._exits.by_sequence)
-        for sequence in gone:
-            ctx.loop.create_task(self._links.pop(sequence).close())
+        follow_members(
+            self._links,
+            self._exits.members,
+            method=_COLLECT,
+            hello=hello.SerializeToString(),
+            metrics=ctx.metrics,
+        )
 
     def _ctx(self) -> ProcessContext:
         assert self._context is not None, "the role has not started"

@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
+from broker.coordination.membership import Member
 from broker.runtime.metrics import ProcessMetrics
 
-__all__ = ["CHANNEL_OPTIONS", "Link", "LinkState"]
+__all__ = ["CHANNEL_OPTIONS", "Link", "LinkState", "follow_members"]
 
 _log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ CHANNEL_OPTIONS = (
     ("grpc.keepalive_timeout_ms", 5_000),
 )
 _CLOSE = object()
+_CLOSING: set[asyncio.Task[None]] = set()  # links being closed in the background
 
 
 class LinkState(enum.Enum):
@@ -159,3 +161,37 @@ class Link:
         self._depth.set(0)
         if was_open and self._on_failure is not None:
             self._on_failure(self, exc)
+
+
+def follow_members(
+    links: dict[int, Link],
+    members: Sequence[Member],
+    *,
+    method: str,
+    hello: bytes,
+    metrics: ProcessMetrics,
+) -> None:
+    """Keep one open link (answered once, at its end) per live member, keyed by its sequence.
+
+    Opens a link to each member without an open one, and closes the links of members gone.
+    """
+    for member in members:
+        link = links.get(member.sequence)
+        if link is not None and link.state is LinkState.OPEN:
+            continue
+        link = Link(
+            member.name,
+            member.address,
+            method,
+            hello,
+            metrics=metrics,
+            streaming_response=False,
+        )
+        links[member.sequence] = link
+        link.start()
+    live = {member.sequence for member in members}
+    loop = asyncio.get_running_loop()
+    for sequence in set(links) - live:
+        closing = loop.create_task(links.pop(sequence).close())
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
