@@ -17,11 +17,17 @@ away, it moves to the next: unacknowledged publish batches are sent again (so a 
 old connection point had already forwarded may be delivered twice: at-least-once across a
 connection point failure), and live subscriptions are made again under the same ids
 (notifications for updates published while no session existed are not delivered).
-Issue 4's session hand-over removes both gaps for planned moves.
+
+Planned moves (a connection point leaving in a scale) have neither gap: the connection
+point answers publishes with ``moved_to`` once every batch it accepted is delivered, and the
+client sends the rest there; a session gets ``Moved``: the client subscribes again at the new
+connection point (replace), releases the old session, and hands on what the new session
+brings only after the old one ended, so every notification comes once and in order.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -67,6 +73,7 @@ _ERRORS: dict[str, type[SilboError]] = {
     "UNAVAILABLE": Unavailable,
 }
 _END = object()
+_Record = Callable[[pb.SessionAck], None]
 
 
 def _raise(error: pb.Error) -> None:
@@ -124,8 +131,8 @@ class _Stream:
     def __init__(
         self,
         name: str,
-        on_event: Callable[[object], None],
-        on_end: Callable[[BaseException | None], None],
+        on_event: Callable[[_Stream, object], None],
+        on_end: Callable[[_Stream, BaseException | None], None],
     ) -> None:
         self._name = name
         self._requests: queue.Queue[object] = queue.Queue()
@@ -133,6 +140,7 @@ class _Stream:
         self._on_end = on_end
         self._call: grpc.RpcContext | None = None
         self.closing = False
+        self.ended_ok = False  # a stream the server may end (OK) without it being a failure
 
     def open(self, method: Callable[..., Iterator[object]]) -> None:
         call = method(self._iterate(), wait_for_ready=True)
@@ -159,14 +167,18 @@ class _Stream:
         error: BaseException | None = None
         try:
             for event in call:
-                self._on_event(event)
+                self._on_event(self, event)
         except grpc.RpcError as exc:
             error = exc
         except Exception as exc:  # a bug in a callback must not hang the client silently
             _log.exception("client stream %s failed", self._name)
             error = exc
         self._requests.put(_END)
-        self._on_end(None if self.closing else error or ConnectionError("stream ended"))
+        if self.closing:
+            error = None
+        elif error is None and not self.ended_ok:
+            error = ConnectionError("stream ended")
+        self._on_end(self, error)
 
 
 class Client:
@@ -196,16 +208,19 @@ class Client:
         self._on_batch = on_batch
         self._lock = threading.RLock()
         self._target = 0
-        self._channel: grpc.Channel | None = None
         self._publish: _Stream | None = None
         self._session: _Stream | None = None
         self._next_sequence = 1
         self._batches = itertools.count(1)
         self._unacked: dict[int, tuple[pb.PublishRequest, Future[int]]] = {}
         self._requests = itertools.count(1)
-        self._waiting: dict[int, Future[pb.SessionAck]] = {}
+        # request -> (its answer, what to record under the lock when it succeeds)
+        self._waiting: dict[int, tuple[Future[pb.SessionAck], _Record | None]] = {}
         self._handles: dict[int, str] = {}
         self._subscriptions: dict[str, tuple[SubscriptionHandle, pb.SubscriptionSpec]] = {}
+        self._draining: _Stream | None = None  # the old session of a hand-over
+        self._held: list[pb.NotificationBatch] = []  # the new session's meanwhile
+        self._channels: dict[str, grpc.Channel] = {}
         self._closed = False
 
     @classmethod
@@ -301,7 +316,7 @@ class Client:
                 stream = _Stream(
                     "silbo-publish",
                     self._publish_ack,
-                    lambda error: self._publish_ended(error, target),
+                    lambda stream, error: self._publish_ended(stream, error, target),
                 )
                 stream.open(pb_grpc.ConnectionPointStub(self._connect()).Publish)  # type: ignore[no-untyped-call]
                 self._publish = stream
@@ -309,8 +324,11 @@ class Client:
                     stream.send(request)
             return self._publish
 
-    def _publish_ack(self, event: object) -> None:
+    def _publish_ack(self, stream: _Stream, event: object) -> None:
         assert isinstance(event, pb.PublishAck)
+        if event.moved_to:
+            self._publish_moved(stream, event.moved_to)
+            return
         with self._lock:
             entry = self._unacked.pop(event.batch, None)
         if entry is None:
@@ -324,8 +342,22 @@ class Client:
         else:
             entry[1].set_result(event.accepted)
 
-    def _publish_ended(self, error: BaseException | None, target: int) -> None:
+    def _publish_moved(self, stream: _Stream, address: str) -> None:
+        """The connection point leaves and delivered every batch it accepted: send the
+        unacknowledged ones, in order, to ``address`` (the first such answer moves)."""
         with self._lock:
+            if stream is not self._publish or self._closed:
+                return  # later answers of the stream already left
+            _log.info("publishing moves from %s to %s", self.target, address)
+            self._publish = None
+            stream.close()
+            self._switch_to(address)
+            self._publisher()
+
+    def _publish_ended(self, stream: _Stream, error: BaseException | None, target: int) -> None:
+        with self._lock:
+            if stream is not self._publish:
+                return  # a stream already replaced
             self._publish = None
             if error is None or self._closed:
                 return
@@ -384,8 +416,8 @@ class Client:
         handles: list[SubscriptionHandle] = []
         for start in range(0, len(specs), chunk):
             part = specs[start : start + chunk]
-            ack = self._ask(pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=part)))
-            with self._lock:
+
+            def record(ack: pb.SessionAck, part: list[pb.SubscriptionSpec] = part) -> None:
                 for spec, subscription_id, handle in zip(part, ack.ids, ack.handles, strict=True):
                     kept = pb.SubscriptionSpec()
                     kept.CopyFrom(spec)
@@ -394,23 +426,34 @@ class Client:
                     self._subscriptions[subscription_id] = (subscription, kept)
                     self._handles[handle] = subscription_id
                     handles.append(subscription)
+
+            self._ask(pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=part)), record)
         return handles
 
     def unsubscribe(self, subscription: SubscriptionHandle | str) -> None:
         """Stop a subscription of this client; NotFound if it holds none with that id."""
         subscription_id = subscription if isinstance(subscription, str) else subscription.id
-        self._ask(pb.SessionRequest(unsubscribe=pb.Unsubscribe(ids=[subscription_id])))
-        with self._lock:
+        ended: list[SubscriptionHandle] = []
+
+        def record(_ack: pb.SessionAck) -> None:
             entry = self._subscriptions.pop(subscription_id, None)
             self._handles = {h: i for h, i in self._handles.items() if i != subscription_id}
-        if entry is not None:
-            entry[0]._end()
+            if entry is not None:
+                ended.append(entry[0])
 
-    def _ask(self, request: pb.SessionRequest) -> pb.SessionAck:
+        self._ask(pb.SessionRequest(unsubscribe=pb.Unsubscribe(ids=[subscription_id])), record)
+        for handle in ended:
+            handle._end()
+
+    def _ask(self, request: pb.SessionRequest, record: _Record | None = None) -> pb.SessionAck:
+        """Send a session request and wait for its answer; ``record`` (if given) runs under
+        the lock as the successful answer arrives, before anyone else sees the session's
+        state (a hand-over takes the subscriptions over only once every answer due is
+        recorded)."""
         future: Future[pb.SessionAck] = Future()
         with self._lock:
             request.request = next(self._requests)
-            self._waiting[request.request] = future
+            self._waiting[request.request] = (future, record)
             self._sessions().send(request)
         try:
             ack = future.result(timeout=self._timeout)
@@ -430,21 +473,35 @@ class Client:
                 stream = _Stream(
                     "silbo-session",
                     self._session_event,
-                    lambda error: self._session_ended(error, target),
+                    lambda stream, error: self._session_ended(stream, error, target),
                 )
                 stream.open(pb_grpc.ConnectionPointStub(self._connect()).Session)  # type: ignore[no-untyped-call]
                 self._session = stream
             return self._session
 
-    def _session_event(self, event: object) -> None:
+    def _session_event(self, stream: _Stream, event: object) -> None:
         assert isinstance(event, pb.SessionEvent)
         if event.HasField("ack"):
             with self._lock:
-                future = self._waiting.pop(event.ack.request, None)
-            if future is not None:
-                future.set_result(event.ack)
+                waiting = self._waiting.pop(event.ack.request, None)
+                refused = event.ack.HasField("error") and bool(event.ack.error.code)
+                if waiting is not None and waiting[1] is not None and not refused:
+                    waiting[1](event.ack)
+            if waiting is not None:
+                waiting[0].set_result(event.ack)
             return
-        batch = event.notifications
+        if event.HasField("moved"):
+            threading.Thread(
+                target=self._hand_over, args=(stream, event.moved.address), daemon=True
+            ).start()
+            return
+        with self._lock:
+            if self._draining is not None and stream is not self._draining:
+                self._held.append(event.notifications)  # after the old session's, in order
+                return
+        self._notify(event.notifications)
+
+    def _notify(self, batch: pb.NotificationBatch) -> None:
         if self._on_batch is not None:
             self._on_batch(batch, self._handles)
             return
@@ -462,10 +519,49 @@ class Client:
             if entry is not None:
                 entry[0]._put(Notification(subscription_id or "", updates[index]))
 
-    def _session_ended(self, error: BaseException | None, target: int) -> None:
+    def _hand_over(self, old: _Stream, address: str) -> None:
+        """The connection point of ``old`` leaves: take the subscriptions over at ``address``
+        (same ids, replace), release the old session, and deliver what the new one brings
+        only after the old one ended (it ends once everything matched before is sent)."""
         with self._lock:
+            if old is not self._session or self._closed:
+                return
+            _log.info("session moves from %s to %s", self.target, address)
+            old.ended_ok = True
+            self._draining = old
             self._session = None
-            for future in self._waiting.values():
+            self._switch_to(address)
+            asked = [future for future, _record in self._waiting.values()]
+        for future in asked:  # answers still due on the old session come first
+            with contextlib.suppress(Exception):
+                future.result(timeout=self._timeout)
+        with self._lock:
+            live = list(self._subscriptions.values())
+        if live:
+            specs = [spec for _handle, spec in live]
+            try:
+                ack = self._ask(
+                    pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=specs, replace=True))
+                )
+            except SilboError as exc:
+                _log.error("could not take the subscriptions over at %s: %s", address, exc)
+                old.close()
+                return
+            with self._lock:
+                self._handles.update(zip(ack.handles, ack.ids, strict=True))
+        else:
+            self._sessions()
+        old.send(pb.SessionRequest(release=pb.Release()))
+
+    def _session_ended(self, stream: _Stream, error: BaseException | None, target: int) -> None:
+        with self._lock:
+            if stream is self._draining:
+                self._drained()
+                return
+            if stream is not self._session:
+                return
+            self._session = None
+            for future, _record in self._waiting.values():
                 future.set_exception(Unavailable(f"the session with {self.target} ended"))
             self._waiting.clear()
             if error is None or self._closed:
@@ -475,6 +571,14 @@ class Client:
             live = list(self._subscriptions.values())
         if live:
             threading.Thread(target=self._resubscribe, args=(live,), daemon=True).start()
+
+    def _drained(self) -> None:
+        """The old session of a hand-over ended: what the new one brought meanwhile follows
+        (the caller holds the lock)."""
+        self._draining = None
+        held, self._held = self._held, []
+        for batch in held:
+            self._notify(batch)
 
     def _resubscribe(self, live: list[tuple[SubscriptionHandle, pb.SubscriptionSpec]]) -> None:
         try:
@@ -493,9 +597,11 @@ class Client:
     # -- connection -----------------------------------------------------------------------
 
     def _connect(self) -> grpc.Channel:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
-        return self._channel
+        channel = self._channels.get(self.target)
+        if channel is None:
+            channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+            self._channels[self.target] = channel
+        return channel
 
     def _move(self, failed: int) -> None:
         """Use the next connection point after ``failed`` (the caller holds the lock).
@@ -504,10 +610,16 @@ class Client:
         """
         if failed != self._target:
             return
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        channel = self._channels.pop(self.target, None)
+        if channel is not None:
+            channel.close()
         self._target = (self._target + 1) % len(self._targets)
+
+    def _switch_to(self, address: str) -> None:
+        """Use ``address`` from now on (a planned move; the caller holds the lock)."""
+        if address not in self._targets:
+            self._targets.append(address)
+        self._target = self._targets.index(address)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -532,8 +644,8 @@ class Client:
             stream.close()
         for handle in subscriptions:
             handle._end()
-        if self._channel is not None:
-            self._channel.close()
+        for channel in list(self._channels.values()):
+            channel.close()
 
     def __enter__(self) -> Client:
         return self

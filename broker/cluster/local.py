@@ -496,14 +496,21 @@ class LocalCluster:
                     missing = [c.role.value for c in self._children if c.member is None]
                     raise ClusterError(f"not registered within {timeout:g} s: {missing}")
                 time.sleep(0.1)
+
             # Exactly the matchers started here, in registration order (never someone
             # else's, nor a registration a killed process left behind).
-            ours = sorted(
-                (c.member for c in self._children if c.role is Role.MATCHER and c.member),
-                key=lambda m: m.sequence,
+            def ours(role: Role) -> list[str]:
+                found = [c.member for c in self._children if c.role is role and c.member]
+                return [m.name for m in sorted(found, key=lambda m: m.sequence)]
+
+            first = Configuration.of(
+                1,
+                ours(Role.MATCHER),
+                exit_points=ours(Role.EXIT_POINT),
+                access_points=ours(Role.ACCESS_POINT),
             )
             try:
-                ClusterConfiguration(client).create(Configuration.of(1, [m.name for m in ours]))
+                ClusterConfiguration(client).create(first)
             except ConfigurationConflict as exc:
                 raise ClusterBusy(
                     f"cluster {self.spec.cluster} in ZooKeeper {self._zk_address} was formed "
@@ -817,6 +824,11 @@ def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = ST
 
 
 def _rewrite(state_dir: Path, description: dict[str, Any]) -> None:
+    description["endpoints"] = [
+        p["address"]
+        for p in description.get("processes") or []
+        if p.get("role") == Role.CONNECTION_POINT.value and p.get("address")
+    ]
     path = state_dir / STATE_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(description, indent=2) + "\n")

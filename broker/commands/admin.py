@@ -2,7 +2,8 @@
 
     silbo admin init --matchers N [--timeout S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
     silbo admin status [--json] [--interval S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
-    silbo admin scale matchers N [--json] [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
+    silbo admin scale matchers|exit-points|access-points|connection-points N [--json]
+                      [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
 
 ``init`` forms a cluster whose processes were started one by one (``silbo run``; compose/):
 it waits for N matchers to register and writes the first configuration. ``status`` shows
@@ -28,7 +29,8 @@ from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
-from broker.coordination.scaling import scale_matchers
+from broker.coordination.scaling import LAYERS as SCALABLE
+from broker.coordination.scaling import ScaleOutcome, scale_layer, serving
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 from broker.wire import internal_pb2 as wire
@@ -52,8 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--json", action="store_true", help="one JSON object")
     status.add_argument("--interval", type=float, default=1.0, help="seconds to measure rates")
     status.set_defaults(handler=run_status)
-    scale = commands.add_parser("scale", help="change the number of matchers while traffic flows")
-    scale.add_argument("layer", choices=["matchers"], help="the layer to scale")
+    scale = commands.add_parser("scale", help="change the size of a layer while traffic flows")
+    scale.add_argument("layer", choices=SCALABLE, help="the layer to scale")
     scale.add_argument("count", type=int, help="how many processes the layer should have")
     _where(scale)
     scale.add_argument("--json", action="store_true", help="one JSON object")
@@ -101,16 +103,19 @@ def run_init(args: argparse.Namespace) -> int:
 
 
 def run_scale(args: argparse.Namespace) -> int:
-    """Scale the matchers to N (docs/protocol.md); prints the outcome. Exit 0 if completed.
+    """Scale a layer to N processes (docs/protocol.md); prints the outcome. Exit 0 if completed.
 
-    For a cluster of ``silbo up`` (``--state-dir``), new matchers are started and leaving ones
-    stopped by the command. For an external cluster (``--zk``), start the new matchers first
-    (``silbo run matcher``): registered matchers outside the configuration are taken in
-    registration order; leaving matchers are stopped by the operator afterwards (they are
-    idle once the scale completes).
+    For a cluster of ``silbo up`` (``--state-dir``), new processes are started and leaving
+    ones stopped by the command. For an external cluster (``--zk``), start the new processes
+    first (``silbo run ROLE``): registered ones outside the configuration are taken in
+    registration order; leaving ones are stopped by the operator afterwards (they are idle
+    once the scale completes).
     """
+    role = Role(_ROLES[args.layer])
     if args.count < 1:
-        print("silbo admin scale: error: a cluster needs at least one matcher", file=sys.stderr)
+        print(
+            f"silbo admin scale: error: a cluster needs at least one {role.value}", file=sys.stderr
+        )
         return 2
     try:
         hosts, cluster = cluster_address(args)
@@ -124,24 +129,24 @@ def run_scale(args: argparse.Namespace) -> int:
         if current is None:
             print("silbo admin scale: error: the cluster is not formed", file=sys.stderr)
             return 2
-        old = list(current.configuration.matchers)
+        old = serving(client, current.configuration, args.layer)
         leaving: list[str] = []
         if args.count > len(old):
-            idle = [m.name for m in members(client, "matcher") if m.name not in old]
+            idle = [m.name for m in members(client, role.value) if m.name not in old]
             missing = args.count - len(old) - len(idle)
             if missing > 0 and local is None:
                 print(
-                    f"silbo admin scale: error: {missing} more matchers must be running first "
-                    "(start them with silbo run matcher)",
+                    f"silbo admin scale: error: {missing} more {args.layer} must be running "
+                    f"first (start them with silbo run {role.value})",
                     file=sys.stderr,
                 )
                 return 2
             if missing > 0 and local is not None:
-                idle += [m.name for m in add_processes(local, Role.MATCHER, missing)]
+                idle += [m.name for m in add_processes(local, role, missing)]
             new = old + idle[: args.count - len(old)]
         else:
             new, leaving = old[: args.count], old[args.count :]
-        outcome = scale_matchers(client, new, timeout=args.timeout)
+        outcome = scale_layer(client, args.layer, new, timeout=args.timeout)
         if outcome.outcome == "completed" and leaving and local is not None:
             retire_processes(local, leaving)
     except SilboError as exc:
@@ -150,17 +155,29 @@ def run_scale(args: argparse.Namespace) -> int:
     finally:
         client.stop()
         client.close()
+    _print_outcome(outcome, args, len(old))
+    return 0 if outcome.outcome == "completed" else 1
+
+
+_ROLES = {
+    "matchers": "matcher",
+    "exit-points": "exit-point",
+    "access-points": "access-point",
+    "connection-points": "connection-point",
+}
+
+
+def _print_outcome(outcome: ScaleOutcome, args: argparse.Namespace, before: int) -> None:
     if args.json:
         print(json.dumps(outcome.to_dict(), sort_keys=True))
-    else:
-        took = f"{outcome.duration_s:.2f} s"
-        print(
-            f"{outcome.outcome}: matchers {len(old)} -> {args.count} in {took}, "
-            f"{outcome.moved_subscriptions} subscriptions ({outcome.moved_bytes} bytes) moved, "
-            f"no-matching time {outcome.no_matching_ms:g} ms, epoch {outcome.epoch}"
-            + (f" ({outcome.message})" if outcome.message else "")
-        )
-    return 0 if outcome.outcome == "completed" else 1
+        return
+    took = f"{outcome.duration_s:.2f} s"
+    print(
+        f"{outcome.outcome}: {args.layer} {before} -> {args.count} in {took}, "
+        f"{outcome.moved_subscriptions} subscriptions ({outcome.moved_bytes} bytes) moved, "
+        f"no-matching time {outcome.no_matching_ms:g} ms, epoch {outcome.epoch}"
+        + (f" ({outcome.message})" if outcome.message else "")
+    )
 
 
 def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, Any]:

@@ -4,7 +4,11 @@ Layout (under the cluster's chroot)::
 
     /config     persistent; JSON data:
         {"epoch": 3, "matchers": ["m1", "m2"],
-         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]}}
+         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
+         "exit_points": ["ep1"], "access_points": ["ap1"]}
+
+``exit_points`` and ``access_points`` name the processes of those layers that serve in this
+epoch (an empty list, as in configurations written before they existed: every live one).
 
 Every change is a compare-and-set on the znode's version: a writer reads the configuration
 (getting its version), computes the next one, and writes it only if the version is still the
@@ -55,44 +59,65 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Configuration:
-    """One configuration of the cluster: an epoch, the matchers, and who owns what.
+    """One configuration of the cluster: an epoch, the matchers and who owns what, and the
+    exit points and access points that serve in it (empty: every live one).
 
-    InvalidConfiguration unless the epoch is a non-negative integer, the matcher names are
-    distinct non-empty strings, and the selector's owners are exactly the matchers.
+    InvalidConfiguration unless the epoch is a non-negative integer, each list holds
+    distinct non-empty names, and the selector's owners are exactly the matchers.
     """
 
     epoch: int
     matchers: tuple[str, ...]
     selector: RendezvousSelector
+    exit_points: tuple[str, ...] = ()
+    access_points: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 0:
             raise InvalidConfiguration(f"epoch must be a non-negative integer, not {self.epoch!r}")
-        matchers = tuple(self.matchers)
-        if not all(isinstance(m, str) and m for m in matchers) or len(set(matchers)) != len(
-            matchers
-        ):
-            raise InvalidConfiguration(f"matchers must be distinct non-empty names: {matchers!r}")
-        if set(self.selector.owners) != set(matchers):
+        for label in ("matchers", "exit_points", "access_points"):
+            names = tuple(getattr(self, label))
+            if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+                raise InvalidConfiguration(f"{label} must be distinct non-empty names: {names!r}")
+            object.__setattr__(self, label, names)
+        if set(self.selector.owners) != set(self.matchers):
             raise InvalidConfiguration(
                 f"the selector's owners {list(self.selector.owners)} are not the matchers "
-                f"{list(matchers)}"
+                f"{list(self.matchers)}"
             )
-        object.__setattr__(self, "matchers", matchers)
 
     @classmethod
-    def of(cls, epoch: int, matchers: Sequence[str]) -> Configuration:
+    def of(
+        cls,
+        epoch: int,
+        matchers: Sequence[str],
+        *,
+        exit_points: Sequence[str] = (),
+        access_points: Sequence[str] = (),
+    ) -> Configuration:
         """The configuration at ``epoch`` with a rendezvous selector over ``matchers``."""
-        return cls(epoch, tuple(matchers), _selector(matchers))
+        return cls(
+            epoch, tuple(matchers), _selector(matchers), tuple(exit_points), tuple(access_points)
+        )
 
     def next(
-        self, matchers: Sequence[str], selector: RendezvousSelector | None = None
+        self,
+        matchers: Sequence[str] | None = None,
+        selector: RendezvousSelector | None = None,
+        *,
+        exit_points: Sequence[str] | None = None,
+        access_points: Sequence[str] | None = None,
     ) -> Configuration:
-        """The configuration one epoch later (default: a rendezvous selector over ``matchers``)."""
+        """The configuration one epoch later, with what is given changed (default selector:
+        rendezvous over the matchers, kept when the matchers are)."""
+        if matchers is None:
+            matchers, selector = self.matchers, selector or self.selector
         return Configuration(
             self.epoch + 1,
             tuple(matchers),
             selector if selector is not None else _selector(matchers),
+            tuple(self.exit_points if exit_points is None else exit_points),
+            tuple(self.access_points if access_points is None else access_points),
         )
 
     def encode(self) -> bytes:
@@ -101,6 +126,8 @@ class Configuration:
             "epoch": self.epoch,
             "matchers": list(self.matchers),
             "selector": self.selector.to_dict(),
+            "exit_points": list(self.exit_points),
+            "access_points": list(self.access_points),
         }
         return json.dumps(body, sort_keys=True).encode()
 
@@ -109,11 +136,18 @@ class Configuration:
         """The configuration stored in ``data``; CorruptCoordinationData if unreadable."""
         try:
             body = json.loads(data)
-            matchers = body["matchers"]
-            if not isinstance(matchers, list):
-                raise TypeError("matchers is not a list")
+            lists = {}
+            for label in ("matchers", "exit_points", "access_points"):
+                names = body["matchers"] if label == "matchers" else body.get(label, [])
+                if not isinstance(names, list):
+                    raise TypeError(f"{label} is not a list")
+                lists[label] = tuple(names)
             return cls(
-                body["epoch"], tuple(matchers), RendezvousSelector.from_dict(body["selector"])
+                body["epoch"],
+                lists["matchers"],
+                RendezvousSelector.from_dict(body["selector"]),
+                lists["exit_points"],
+                lists["access_points"],
             )
         except (ValueError, TypeError, KeyError, InvalidInput) as exc:
             raise CorruptCoordinationData(f"the configuration znode is unreadable: {exc}") from exc

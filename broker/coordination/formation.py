@@ -49,22 +49,31 @@ def wait_for_members(
 
 
 def form(client: KazooClient, matchers: int, *, timeout: float) -> Configuration:
-    """The cluster's configuration at epoch 1 over its first ``matchers`` matchers.
+    """The cluster's configuration at epoch 1 over its first ``matchers`` matchers, and the
+    exit points and access points registered by then (at least one of each).
 
-    Waits for them to register. If the cluster was already formed with that many matchers,
-    returns its configuration (forming is idempotent); otherwise AlreadyFormed.
+    Waits for them to register; exit points and access points that register later serve
+    once a scale of their layer takes them in. If the cluster was already formed with that
+    many matchers, returns its configuration (forming is idempotent); otherwise
+    AlreadyFormed.
     """
     if matchers < 1:
         raise InvalidInput(f"a cluster needs at least one matcher, not {matchers}")
     store = ClusterConfiguration(client)
     existing = store.read()
     if existing is None:
-        names = [
-            m.name
-            for m in wait_for_members(client, {"matcher": matchers}, timeout=timeout)["matcher"]
-        ]
+        wait_for_members(
+            client, {"matcher": matchers, "exit-point": 1, "access-point": 1}, timeout=timeout
+        )
+        found = {role: members(client, role) for role in ("matcher", "exit-point", "access-point")}
+        first = Configuration.of(
+            1,
+            [m.name for m in found["matcher"][:matchers]],
+            exit_points=[m.name for m in found["exit-point"]],
+            access_points=[m.name for m in found["access-point"]],
+        )
         try:
-            return store.create(Configuration.of(1, names)).configuration
+            return store.create(first).configuration
         except ConfigurationConflict:
             existing = store.read()
     assert existing is not None

@@ -3,13 +3,19 @@
 Layout (under the cluster's chroot)::
 
     /scale                      persistent while a scale runs; JSON: the plan
-        {"id": "...", "old": <configuration>, "new": <configuration>, "started": 1763750000.5}
+        {"id": "...", "layer": "matchers", "old": <configuration>, "new": <configuration>,
+         "connection_points": [], "started": 1763750000.5}
     /scale/owner                ephemeral: the coordinator's session (a scale without it is
                                 stale: its coordinator died)
     /scale/ready/<matcher>      each matcher of the new configuration once it holds its parts;
                                 JSON {"moved": n, "bytes": b} received
     /scale/done/<matcher>       each matcher of the old configuration once every access point
                                 has switched on its channel (it dropped what moved away)
+    /scale/drained/<exit point> (exit-point scales) each exit point of the old configuration
+                                once it delivered every batch of the old epoch
+    /scale/moved/<connection point>  (access-point and connection-point scales) each
+                                connection point once it moved its traffic where the plan
+                                wants it
 
 Only one scale at a time: :func:`begin` creates ``/scale`` or fails with ScaleInProgress.
 """
@@ -49,25 +55,40 @@ class ScaleInProgress(CoordinationError):
 
 @dataclass(frozen=True, slots=True)
 class ScalePlan:
-    """A scale from one configuration to the next (epoch + 1)."""
+    """A scale of one layer from one configuration to the next (epoch + 1).
+
+    A connection-point scale leaves the configuration as it is (``new`` is ``old``) and names
+    the connection points that stay in ``connection_points``.
+    """
 
     id: str
     old: Configuration
     new: Configuration
     started: float
+    layer: str = "matchers"
+    connection_points: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, old: Configuration, new: Configuration) -> ScalePlan:
+    def of(
+        cls,
+        old: Configuration,
+        new: Configuration,
+        *,
+        layer: str = "matchers",
+        connection_points: tuple[str, ...] = (),
+    ) -> ScalePlan:
         """A new plan with a fresh id."""
-        return cls(uuid.uuid4().hex[:12], old, new, time.time())
+        return cls(uuid.uuid4().hex[:12], old, new, time.time(), layer, connection_points)
 
     def encode(self) -> bytes:
         """The /scale znode's JSON data."""
         return json.dumps(
             {
                 "id": self.id,
+                "layer": self.layer,
                 "old": json.loads(self.old.encode()),
                 "new": json.loads(self.new.encode()),
+                "connection_points": list(self.connection_points),
                 "started": self.started,
             }
         ).encode()
@@ -82,6 +103,8 @@ class ScalePlan:
                 Configuration.decode(json.dumps(body["old"]).encode()),
                 Configuration.decode(json.dumps(body["new"]).encode()),
                 float(body["started"]),
+                str(body.get("layer", "matchers")),
+                tuple(str(n) for n in body.get("connection_points", [])),
             )
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptCoordinationData(f"the scale plan is unreadable: {exc}") from exc
@@ -104,6 +127,8 @@ def begin(client: KazooClient, plan: ScalePlan) -> None:
         transaction.create(SCALE, plan.encode())
         transaction.create(f"{SCALE}/ready")
         transaction.create(f"{SCALE}/done")
+        transaction.create(f"{SCALE}/drained")
+        transaction.create(f"{SCALE}/moved")
         transaction.create(f"{SCALE}/owner", plan.id.encode(), ephemeral=True)
         results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]

@@ -29,9 +29,11 @@ from typing import Any
 import grpc
 
 from broker.coordination.configuration import Configuration
+from broker.coordination.membership import Member
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
+from broker.serialization import packb, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
@@ -67,6 +69,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._numbers = itertools.count(1)
         self._requests: dict[int, _Request] = {}
         self._exit_of: dict[str, int] = {}  # publisher -> exit point sequence (cache)
+        self._gatherers: list[int] = []  # the serving exit points' sequences (cache)
         self._scale: ScaleView | None = None
         self._scale_started = ""  # the plan whose start markers were sent
         self._routed_epoch = 0  # the epoch of the last updates routed
@@ -83,7 +86,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._exits = Peers(context.zk, "exit-point", context.loop)
         self._config.on_change(self._sync_links)
         self._matchers.on_change(self._sync_links)
-        self._exits.on_change(self._exit_of.clear)
+        self._exits.on_change(self._forget_exit_points)
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._sync_links)
         self._scale.on_change(lambda: self._spawn(self._follow_scale()))
@@ -136,6 +139,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                         await self._route_subscriptions(batch.subscriptions, replies)
                     elif body == "unsubscriptions":
                         await self._route_unsubscriptions(batch.unsubscriptions, replies)
+                    elif body == "marker" and batch.marker.kind == "fence":
+                        await self._route_fence(batch.marker)
                 except _NotReady as exc:
                     self._refuse(batch, str(exc), replies)
         except asyncio.CancelledError:
@@ -150,18 +155,44 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         updates = batch.updates
         count = len(updates.entities)
         async with self._lock:
-            configuration = await self._ready()
-            if configuration.epoch != self._routed_epoch:
-                await self._switch(configuration)
+            configuration = await self._routing()
             updates.first_seq = self._next_seq
             updates.epoch = configuration.epoch
             updates.exit_points[:] = [self._exit_point(p) for p in updates.publishers]
+            updates.gatherers[:] = self._gatherers
             self._next_seq += count
             payload = batch.SerializeToString()
             for name in configuration.matchers:
                 await self._send(name, payload)
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.batch_size.labels(stream="Route").observe(count)
+
+    async def _route_fence(self, marker: wire.Marker) -> None:
+        """A connection point's fence: on to every matcher, in order with the updates.
+
+        Each matcher passes it to the exit points after the partial results of everything
+        it matched before; the exit points answer the connection point once those are
+        delivered (docs/protocol.md, "Fences"). The body gets the matchers and exit points
+        to wait for.
+        """
+        async with self._lock:
+            configuration = await self._routing()
+            body = unpackb(marker.body)
+            body["matchers"] = list(configuration.matchers)
+            body["exit_points"] = list(self._gatherers)
+            fence = wire.Marker(kind="fence", epoch=configuration.epoch, body=packb(body))
+            payload = wire.Batch(marker=fence).SerializeToString()
+            for name in configuration.matchers:
+                await self._send(name, payload)
+
+    async def _routing(self) -> Configuration:
+        """The configuration to route under now, switched to if new (the lock is held)."""
+        configuration = await self._ready()
+        if configuration.epoch != self._routed_epoch:
+            await self._switch(configuration)
+        if not self._gatherers:
+            self._gatherers = [m.sequence for m in self._serving_exit_points(configuration)]
+        return configuration
 
     async def _route_subscriptions(
         self, subscriptions: wire.Subscriptions, replies: asyncio.Queue[wire.RequestAck | None]
@@ -259,6 +290,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             if plan is None:
                 await self._release_held()
                 return
+            if plan.layer == "connection-points":
+                return  # the configuration stays: nothing to cut
             if plan.id == self._scale_started or self._routed_epoch >= plan.new.epoch:
                 return
             self._scale_started = plan.id
@@ -298,6 +331,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             for name in previous.matchers:
                 await self._send(name, marker)
         self._routed_epoch = configuration.epoch
+        self._forget_exit_points()
         _log.info("routing under epoch %d", configuration.epoch)
         await self._release_held()
 
@@ -361,7 +395,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             return (
                 current is not None
                 and all(self._linked(name) for name in current.matchers)
-                and bool(self._exits and self._exits.members)
+                and bool(self._serving_exit_points(current))
             )
 
         if not ready():
@@ -421,13 +455,26 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             _log.error("matcher %s is not reachable; a message to it is dropped", matcher)
 
     def _exit_point(self, publisher: str) -> int:
+        """The exit point of a publisher's updates: a hash over the serving ones."""
         found = self._exit_of.get(publisher)
         if found is None:
-            assert self._exits is not None
-            members = self._exits.members
-            found = members[zlib.crc32(publisher.encode()) % len(members)].sequence
+            serving = self._gatherers
+            found = serving[zlib.crc32(publisher.encode()) % len(serving)]
             self._exit_of[publisher] = found
         return found
+
+    def _forget_exit_points(self) -> None:
+        self._exit_of.clear()
+        self._gatherers = []
+
+    def _serving_exit_points(self, configuration: Configuration) -> list[Member]:
+        """The live exit points of ``configuration``, in its order (every live one if it
+        names none)."""
+        assert self._exits is not None
+        if not configuration.exit_points:
+            return list(self._exits.members)
+        by_name = self._exits.by_name
+        return [by_name[n] for n in configuration.exit_points if n in by_name]
 
     def _ctx(self) -> ProcessContext:
         assert self._context is not None, "the role has not started"

@@ -10,8 +10,19 @@ put on the session's stream. A session ending (the client went away) unsubscribe
 subscriptions, so nothing leaks. A session whose client reads too slowly is ended with
 RESOURCE_EXHAUSTED once its queue is full, so it cannot hold the others back.
 
-The access point is chosen among the live ones by a hash of this process's name, and
-chosen again when it leaves.
+The access point is chosen among the serving ones (the configuration's, live) by this
+process's registration number (so connection points spread evenly), and chosen again when
+it dies. When an access-point scale changes the
+choice, the connection point moves its traffic over with a *fence*: publishes and requests
+wait while a fence marker travels through the old access point, every matcher and every exit
+point; once it is back, everything sent through the old access point has been delivered,
+and traffic goes on through the new one (per-publisher order is kept).
+
+When a connection-point scale retires this one, it hands over: publishers are answered
+``moved_to`` (after a fence, so their earlier batches are delivered first) and sessions get a
+``Moved`` event; a client subscribes again at the new connection point (replace), sends
+``Release``, and its old session ends once a fence shows every notification matched before
+the take-over was sent on it (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -19,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -29,6 +41,8 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
+from broker.coordination.membership import Member
+from broker.coordination.scale import report as scale_report
 from broker.errors import (
     InvalidInput,
     InvalidUpdate,
@@ -40,9 +54,9 @@ from broker.errors import (
 )
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
 from broker.runtime.link import Link, LinkState
-from broker.runtime.peers import Peers
+from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import pack_subscription, packb
+from broker.serialization import pack_subscription, packb, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import client_pb2_grpc as pb_grpc
 from broker.wire import internal_pb2 as wire
@@ -57,8 +71,16 @@ MAX_BATCH_ENTITIES = 10_000
 SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
 ACCESS_POINT_WAIT = 15.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
+FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
+LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
 _ROUTE = "/broker.wire.AccessPoint/Route"
 _M = TypeVar("_M", bound=Message)
+
+
+@dataclass(eq=False)
+class _FenceWait:
+    done: asyncio.Future[None]
+    replies: set[int] = field(default_factory=set)  # exit points that answered
 
 
 @dataclass(eq=False)
@@ -115,6 +137,19 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._requests = itertools.count(1)
         self._pending: dict[int, asyncio.Future[wire.RequestAck]] = {}
         self._number = 0
+        self._config: ConfigurationView | None = None
+        self._scale: ScaleView | None = None
+        self._connection_points: Peers | None = None
+        self._open = asyncio.Event()  # cleared while traffic moves to another access point
+        self._open.set()
+        self._moving = False
+        self._held_ms = 0.0  # how long the last move held publishes back
+        self._fences: dict[int, _FenceWait] = {}
+        self._fence_tokens = itertools.count(1)
+        self._reported: set[str] = set()  # scale plans this process reported moved for
+        self._leaving: list[Member] = []  # where sessions go when this one leaves
+        self._publishers_moved = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- the role's life ----------------------------------------------------------------
 
@@ -148,14 +183,20 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             )
         self._access_points = Peers(context.zk, "access-point", context.loop)
         self._access_points.on_change(self._choose_access_point)
+        self._config = ConfigurationView(context.zk, context.loop)
+        self._config.on_change(self._choose_access_point)
+        self._connection_points = Peers(context.zk, "connection-point", context.loop)
+        self._scale = ScaleView(context.zk, context.loop)
+        self._scale.on_change(self._follow_scale)
         self._choose_access_point()
 
     async def stop(self) -> None:
         for session in list(self._sessions.values()):
             session.code = grpc.StatusCode.UNAVAILABLE
             self._end(session, "the connection point is stopping")
-        if self._access_points is not None:
-            self._access_points.stop()
+        for watched in (self._access_points, self._config, self._connection_points, self._scale):
+            if watched is not None:
+                watched.stop()
         if self._link is not None:
             await self._link.close()
 
@@ -176,6 +217,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             ctx.metrics.messages_in.labels(stream="Publish").inc()
             if isinstance(request, _Malformed):
                 yield pb.PublishAck(error=_error(request.error))
+                continue
+            if self._leaving:
+                await self._publishers_moved.wait()
+                target = self._successor(zlib.crc32(default_publisher.encode()))
+                yield pb.PublishAck(batch=request.batch, moved_to=target.address)
                 continue
             try:
                 payload, count = self._updates(request, default_publisher)
@@ -220,6 +266,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> AsyncIterator[Message]:
         session = _Session(next(self._session_numbers) & ((1 << 24) - 1))
         self._sessions[session.number] = session
+        if self._leaving:
+            self._send_moved(session)
         reader = asyncio.get_running_loop().create_task(self._read(session, request_iterator))
         try:
             while True:
@@ -239,6 +287,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> None:
         try:
             async for request in request_iterator:
+                if not isinstance(request, _Malformed) and request.WhichOneof("op") == "release":
+                    self._spawn(self._release(session))
+                    continue
                 ack = await self._serve(session, request)
                 await session.events.put(pb.SessionEvent(ack=ack))
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
@@ -322,11 +373,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
 
     async def _request(self, build: object) -> wire.RequestAck:
         assert callable(build)
+        link = await self._access_point()
         number = next(self._requests)
         future: asyncio.Future[wire.RequestAck] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         try:
-            link = await self._access_point()
             if not await link.send(build(number).SerializeToString()):
                 raise Unavailable("the access point went away; try again")
             return await asyncio.wait_for(future, REQUEST_TIMEOUT)
@@ -369,8 +420,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         received = ctx.metrics.messages_in.labels(stream="Deliver")
         async for handoff in request_iterator:
             received.inc()
-            if handoff.WhichOneof("body") == "deliveries":
+            body = handoff.WhichOneof("body")
+            if body == "deliveries":
                 self._deliver(handoff.deliveries)
+            elif body == "marker" and handoff.marker.kind == "fence":
+                self._fence_passed(unpackb(handoff.marker.body))
         return wire.Empty()
 
     def _deliver(self, deliveries: wire.Deliveries) -> None:
@@ -402,20 +456,39 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     # -- the access point -----------------------------------------------------------------
 
     def _choose_access_point(self) -> None:
-        assert self._access_points is not None
-        members = self._access_points.members
+        """Link to this process's access point among the serving ones: at once if there is
+        no live link, with a fence (a planned move) if the configuration chose another."""
+        serving = self._serving_access_points()
+        if not serving:
+            return
+        target = serving[self._number % len(serving)]  # spread by registration order
         link = self._link
-        if (
+        assert self._access_points is not None
+        alive = (
             link is not None
             and link.state is LinkState.OPEN
             and link.peer in self._access_points.by_name
-        ):
+        )
+        if alive and link is not None and link.peer != target.name:
+            if not self._moving:
+                self._moving = True
+                self._spawn(self._move(target))
             return
-        if not members:
-            return
+        if not alive:
+            self._link = self._link_to(target)
+        self._check_moved()
+
+    def _serving_access_points(self) -> list[Member]:
+        assert self._access_points is not None
+        current = self._config.current if self._config else None
+        by_name = self._access_points.by_name
+        if current is None or not current.access_points:
+            return list(self._access_points.members)
+        return [by_name[n] for n in current.access_points if n in by_name]
+
+    def _link_to(self, target: Member) -> Link:
         ctx = self._ctx()
-        target = members[zlib.crc32(ctx.name.encode()) % len(members)]
-        self._link = Link(
+        link = Link(
             target.name,
             target.address,
             _ROUTE,
@@ -425,10 +498,35 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             on_response=self._acknowledged,
             on_failure=lambda _link, _exc: self._choose_access_point(),
         )
-        self._link.start()
+        link.start()
+        return link
+
+    async def _move(self, target: Member) -> None:
+        """Move the traffic to ``target``: hold it, fence through the old access point (so
+        everything sent there is delivered first), then go on through the new one."""
+        started = time.monotonic()
+        self._open.clear()
+        try:
+            old = self._link
+            deadline = started + REQUEST_TIMEOUT
+            while self._pending and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)  # acknowledgements still come through the old one
+            if old is not None:
+                await self._fence(old)
+            self._link = self._link_to(target)
+            if old is not None:
+                self._spawn(old.close())
+            _log.info("moved to access point %s", target.name)
+        finally:
+            self._held_ms = (time.monotonic() - started) * 1000
+            self._moving = False
+            self._open.set()
+        self._choose_access_point()
 
     async def _access_point(self) -> Link:
         assert self._access_points is not None
+        if not self._open.is_set():
+            await asyncio.wait_for(self._open.wait(), REQUEST_TIMEOUT)
 
         def ready() -> bool:
             return self._link is not None and self._link.state is LinkState.OPEN
@@ -439,6 +537,115 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 raise Unavailable(f"no access point reachable within {ACCESS_POINT_WAIT:.0f} s")
         assert self._link is not None
         return self._link
+
+    # -- fences (docs/protocol.md) ----------------------------------------------------------
+
+    async def _fence(self, link: Link) -> None:
+        """Return once everything sent on ``link`` before now has been delivered here."""
+        token = next(self._fence_tokens)
+        wait = _FenceWait(asyncio.get_running_loop().create_future())
+        self._fences[token] = wait
+        body = packb({"cp": self._number, "token": token})
+        marker = wire.Batch(marker=wire.Marker(kind="fence", body=body))
+        try:
+            if await link.send(marker.SerializeToString()):
+                await asyncio.wait_for(wait.done, FENCE_TIMEOUT)
+        except TimeoutError:
+            _log.warning("fence %d not back within %.0f s; going on", token, FENCE_TIMEOUT)
+        finally:
+            self._fences.pop(token, None)
+
+    def _fence_passed(self, body: dict[str, Any]) -> None:
+        wait = self._fences.get(int(body["token"]))
+        if wait is None or wait.done.done():
+            return
+        wait.replies.add(int(body["exit_point"]))
+        if wait.replies >= {int(s) for s in body["exit_points"]}:
+            wait.done.set_result(None)
+
+    # -- scales -----------------------------------------------------------------------------
+
+    def _follow_scale(self) -> None:
+        plan = self._scale.plan if self._scale else None
+        if plan is None:
+            return
+        if plan.layer == "connection-points" and self._ctx().name not in plan.connection_points:
+            if not self._leaving and plan.id not in self._reported:
+                self._reported.add(plan.id)
+                self._spawn(self._leave(plan.connection_points))
+            return
+        self._check_moved()
+
+    def _check_moved(self) -> None:
+        """In an access-point scale: report moved once on an access point of the new
+        configuration (with how long publishes were held back for it)."""
+        plan = self._scale.plan if self._scale else None
+        current = self._config.current if self._config else None
+        if plan is None or current is None or plan.id in self._reported:
+            return
+        if plan.layer == "connection-points" or current.epoch < plan.new.epoch:
+            return
+        link = self._link
+        serving = {m.name for m in self._serving_access_points()}
+        if self._moving or link is None or link.peer not in serving:
+            return
+        self._reported.add(plan.id)
+        ctx = self._ctx()
+        body = {"held_ms": round(self._held_ms, 3) if plan.layer == "access-points" else 0.0}
+        self._held_ms = 0.0
+        self._spawn(asyncio.to_thread(scale_report, ctx.zk, "moved", ctx.name, body))
+
+    async def _leave(self, staying: tuple[str, ...]) -> None:
+        """This connection point leaves: hand publishers and sessions over to ``staying``."""
+        peers = self._connection_points
+        assert peers is not None
+        if not await peers.wait_until(lambda: any(n in peers.by_name for n in staying), 30.0):
+            _log.error("none of the connection points %s is registered; not leaving", staying)
+            return
+        self._leaving = [peers.by_name[n] for n in staying if n in peers.by_name]
+        started = time.monotonic()
+        link = await self._access_point()
+        await self._fence(link)  # every publish accepted so far is delivered
+        self._publishers_moved.set()
+        held_ms = (time.monotonic() - started) * 1000
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            self._send_moved(session)
+        deadline = time.monotonic() + LEAVE_TIMEOUT
+        while self._sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self._sessions:
+            _log.warning(
+                "%d sessions did not move; they end when this process stops", len(self._sessions)
+            )
+        _log.info("left: %d sessions handed over", len(sessions) - len(self._sessions))
+        ctx = self._ctx()
+        body = {"held_ms": round(held_ms, 3), "sessions": len(sessions)}
+        await asyncio.to_thread(scale_report, ctx.zk, "moved", ctx.name, body)
+
+    def _successor(self, key: int) -> Member:
+        return self._leaving[key % len(self._leaving)]
+
+    def _send_moved(self, session: _Session) -> None:
+        target = self._successor(session.number)
+        moved = pb.Moved(address=target.address, connection_point=target.name)
+        try:
+            session.events.put_nowait(wire.SessionEventOut(moved=moved))
+        except asyncio.QueueFull:
+            self._end(session, "the subscriber reads too slowly; its session was ended")
+
+    async def _release(self, session: _Session) -> None:
+        """The client took the session's subscriptions over elsewhere: end the session once
+        every notification matched before that was put on it."""
+        session.subscriptions.clear()  # theirs now: not to be unsubscribed at the end
+        await self._fence(await self._access_point())
+        if session.number in self._sessions and not session.failure:
+            await session.events.put(None)  # after what is queued: the stream ends with OK
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = self._ctx().loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _acknowledged(self, data: bytes) -> None:
         ack = wire.RequestAck.FromString(data)

@@ -10,6 +10,17 @@ its access point are, so releasing from the head of the line never skips one.
 Delivering a batch merges the partials' subscription handles per update, routes them by
 connection point (the top bits of the handle) and sends one ``Deliveries`` message to each
 connection point concerned.
+
+Markers from the matchers (docs/protocol.md):
+
+- a *switch* says an access point's old epoch is over on that matcher's channel. In an
+  exit-point scale, an exit point of the old configuration reports *drained* once every
+  access point's old epoch is over on every matcher's channel and it has delivered all of
+  it; an exit point holds back the batches of the new epoch until every exit point of the
+  old one drained, so that a publisher whose updates change exit point keeps its order.
+- a *fence* from a connection point: once every matcher's fence is in and every batch those
+  matchers reported before it is delivered, the connection point is told (a ``Handoff``
+  marker after those deliveries on its stream).
 """
 
 from __future__ import annotations
@@ -17,17 +28,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
+from broker.coordination.membership import members
+from broker.coordination.scale import read_plan, reports
+from broker.coordination.scale import report as scale_report
 from broker.runtime.handles import connection_points_of
 from broker.runtime.link import Link, follow_members
-from broker.runtime.peers import ConfigurationView, Peers
+from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
+from broker.serialization import packb, unpackb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
@@ -36,6 +52,17 @@ __all__ = ["ExitPoint"]
 _log = logging.getLogger(__name__)
 
 _DELIVER = "/broker.wire.Delivery/Deliver"
+DRAIN_POLL = 0.01  # seconds between looks at the drained reports while holding a new epoch
+
+
+@dataclass(eq=False)
+class _Fence:
+    """A connection point's fence as the matchers' copies of it arrive."""
+
+    connection_point: int
+    body: dict[str, Any]
+    arrived: set[str] = field(default_factory=set)
+    waits: list[tuple[str, int]] = field(default_factory=list)  # (access point, first_seq)
 
 
 @dataclass(eq=False)
@@ -59,6 +86,14 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._links: dict[int, Link] = {}  # connection point sequence -> link
         self._pending: dict[str, dict[int, _Pending]] = {}  # access point -> first_seq -> ...
         self._lock = asyncio.Lock()
+        self._access_points: Peers | None = None
+        self._scale: ScaleView | None = None
+        self._ended: dict[str, dict[str, int]] = {}  # access point -> matcher -> new epoch
+        self._fences: dict[tuple[int, int], _Fence] = {}
+        self._cleared: set[int] = set()  # epochs whose batches may go out
+        self._clearing: set[int] = set()  # epochs being waited for
+        self._drained: set[str] = set()  # the plans this exit point reported drained for
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_ExitPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -69,10 +104,13 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._connection_points = Peers(context.zk, "connection-point", context.loop)
         self._connection_points.on_change(self._sync_links)
         self._config.on_change(self._release_all)
+        self._access_points = Peers(context.zk, "access-point", context.loop)
+        self._scale = ScaleView(context.zk, context.loop)
+        self._scale.on_change(self._check_drained)
         self._sync_links()
 
     async def stop(self) -> None:
-        for watched in (self._config, self._connection_points):
+        for watched in (self._config, self._connection_points, self._access_points, self._scale):
             if watched is not None:
                 watched.stop()
         await asyncio.gather(*(link.close() for link in self._links.values()))
@@ -98,6 +136,12 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 matcher = gather.hello.sender
             elif body == "partial":
                 await self._add(matcher, gather.partial)
+            elif body == "marker" and gather.marker.kind == "switch":
+                access_point = gather.marker.body.decode()
+                self._ended.setdefault(access_point, {})[matcher] = gather.marker.epoch
+                self._check_drained()
+            elif body == "marker" and gather.marker.kind == "fence":
+                await self._add_fence(matcher, unpackb(gather.marker.body))
         return wire.Empty()
 
     async def _add(self, matcher: str, partial: wire.Partial) -> None:
@@ -121,10 +165,12 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             line = self._pending.get(access_point)
             while line:
                 head = line[next(iter(line))]
-                if not self._complete(head):
-                    return
+                if not self._complete(head) or not self._may_deliver(head.epoch):
+                    break
                 del line[head.first_seq]
                 await self._deliver(head)
+            await self._pass_fences()
+        self._check_drained()
 
     def _complete(self, pending: _Pending) -> bool:
         assert self._config is not None
@@ -132,6 +178,103 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         if configuration is None:
             return False  # this epoch's configuration has not reached us yet
         return pending.reported.issuperset(configuration.matchers)
+
+    # -- exit-point scales ------------------------------------------------------------------
+
+    def _may_deliver(self, epoch: int) -> bool:
+        """May batches of ``epoch`` go out? Not while it changed the exit points and one of
+        the previous epoch's has not drained (a moved publisher's earlier updates are there)."""
+        if epoch in self._cleared:
+            return True
+        assert self._config is not None
+        configuration = self._config.history.get(epoch)
+        previous = self._config.history.get(epoch - 1)
+        if (
+            configuration is None
+            or previous is None
+            or configuration.exit_points == previous.exit_points
+        ):
+            self._cleared.add(epoch)
+            return True
+        if epoch not in self._clearing:
+            self._clearing.add(epoch)
+            self._spawn(self._await_drained(epoch, previous.exit_points))
+        return False
+
+    async def _await_drained(self, epoch: int, previous: tuple[str, ...]) -> None:
+        """Wait until the exit points of the epoch before ``epoch`` drained (or died, or the
+        scale is over), then let ``epoch``'s batches go out."""
+        zk = self._ctx().zk
+
+        def drained() -> bool:
+            plan = read_plan(zk)
+            if plan is None or plan.new.epoch != epoch:
+                return True
+            live = {m.name for m in members(zk, "exit-point")}
+            return set(previous) & live <= set(reports(zk, "drained"))
+
+        while not await asyncio.to_thread(drained):
+            await asyncio.sleep(DRAIN_POLL)
+        _log.info("epoch %d: the previous exit points drained; delivering", epoch)
+        self._cleared.add(epoch)
+        self._clearing.discard(epoch)
+        self._release_all()
+
+    def _check_drained(self) -> None:
+        """Report drained once this exit point delivered all of the old epoch of an
+        exit-point scale (every access point's switch came through every matcher)."""
+        plan = self._scale.plan if self._scale else None
+        ctx = self._ctx()
+        if plan is None or plan.layer != "exit-points" or plan.id in self._drained:
+            return
+        if plan.old.exit_points and ctx.name not in plan.old.exit_points:
+            return
+        epoch = plan.new.epoch
+        assert self._access_points is not None
+        for access_point in self._access_points.by_name:
+            ended = self._ended.get(access_point, {})
+            if any(ended.get(m, 0) < epoch for m in plan.old.matchers):
+                return
+        if any(p.epoch < epoch for line in self._pending.values() for p in line.values()):
+            return
+        self._drained.add(plan.id)
+        _log.info("scale %s: drained", plan.id)
+        self._spawn(asyncio.to_thread(scale_report, ctx.zk, "drained", ctx.name, {}))
+
+    # -- fences ---------------------------------------------------------------------------
+
+    async def _add_fence(self, matcher: str, body: dict[str, Any]) -> None:
+        """One matcher's copy of a fence: wait for every batch it reported before it."""
+        async with self._lock:
+            key = (int(body["cp"]), int(body["token"]))
+            fence = self._fences.setdefault(key, _Fence(key[0], body))
+            fence.arrived.add(matcher)
+            for access_point, line in self._pending.items():
+                for pending in reversed(line.values()):
+                    if matcher in pending.reported:
+                        fence.waits.append((access_point, pending.first_seq))
+                        break
+            await self._pass_fences()
+
+    async def _pass_fences(self) -> None:
+        """Answer the fences whose batches are all delivered (the lock is held)."""
+        for key, fence in list(self._fences.items()):
+            if not fence.arrived >= set(fence.body["matchers"]):
+                continue
+            if any(seq in self._pending.get(ap, {}) for ap, seq in fence.waits):
+                continue
+            del self._fences[key]
+            body = {"cp": key[0], "token": key[1], "exit_points": fence.body["exit_points"]}
+            body["exit_point"] = self._ctx().member.sequence
+            marker = wire.Marker(kind="fence", body=packb(body))
+            link = self._links.get(fence.connection_point)
+            if link is not None:
+                await link.send(wire.Handoff(marker=marker).SerializeToString())
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = self._ctx().loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- delivering -----------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import unpack_subscription, unpackb
+from broker.serialization import packb, unpack_subscription, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
@@ -304,9 +304,13 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.stage_seconds.labels(stage="match").observe(time.perf_counter() - started)
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.items_out.labels(kind="match").inc(len(handles))
-        await self._await_exit_points(set(partials))
+        gatherers = list(updates.gatherers) or list(self._links)
+        await self._await_exit_points(set(gatherers))
         last = updates.first_seq + count - 1
-        for sequence, link in list(self._links.items()):
+        for sequence in gatherers:
+            link = self._links.get(sequence)
+            if link is None:
+                continue  # the exit point died: its batches are lost with it
             partial = partials.get(sequence) or wire.Partial()
             partial.access_point = access_point
             partial.first_seq = updates.first_seq
@@ -332,12 +336,33 @@ class Matcher(wire_grpc.MatcherServicer):
             if not scaling.split and scaling.started_from >= self._access_point_names():
                 await self._split(scaling)
         elif marker.kind == "switch":
+            await self._forward(marker, access_point.encode(), list(self._links))
             current = self._scaling
             if current is None:
                 return
             current.switched_from.add(access_point)
             if current.switched_from >= self._access_point_names():
                 await self._finish(current)
+        elif marker.kind == "fence":
+            body = unpackb(marker.body)
+            body["matcher"] = self._ctx().name
+            await self._forward(marker, packb(body), [int(s) for s in body["exit_points"]])
+
+    async def _forward(self, marker: wire.Marker, body: bytes, exit_points: list[int]) -> None:
+        """Pass a marker on to exit points, after every partial result sent them before.
+
+        A switch tells them an access point's old epoch is over on this matcher's channel
+        (its body: the access point); a fence, that everything this matcher matched before
+        it is with them (its body: the fence, with this matcher's name added).
+        """
+        await self._await_exit_points(set(exit_points))
+        payload = wire.Gather(
+            marker=wire.Marker(kind=marker.kind, epoch=marker.epoch, body=body)
+        ).SerializeToString()
+        for sequence in exit_points:
+            link = self._links.get(sequence)
+            if link is not None:
+                await link.send(payload)
 
     def _scaling_for(self, plan: ScalePlan) -> _Scaling:
         if self._scaling is None or self._scaling.plan.id != plan.id:
@@ -458,6 +483,8 @@ class Matcher(wire_grpc.MatcherServicer):
             return
         if ctx.name in plan.old.matchers and not scaling.sent:
             return
+        if not await self._await_serving(plan.new.exit_points):
+            return  # never ready: the coordinator rolls the scale back
         scaling.ready = True
         _log.info("scale %s: ready", plan.id)
         body = {"moved": scaling.received, "bytes": scaling.received_bytes}
@@ -512,12 +539,30 @@ class Matcher(wire_grpc.MatcherServicer):
                 await self._check_ready(self._scaling_for(plan))
 
     async def _await_exit_points(self, wanted: set[int]) -> None:
-        assert self._exits is not None
+        """Link to every exit point of ``wanted`` that is a member (one that is not died)."""
+        exits = self._exits
+        assert exits is not None
         if wanted <= self._links.keys():
             return
         self._sync_links()
-        if not await self._exits.wait_until(lambda: wanted <= self._links.keys(), EXIT_WAIT):
+
+        def linked() -> bool:
+            return all(s in self._links or s not in exits.by_sequence for s in wanted)
+
+        if not await exits.wait_until(linked, EXIT_WAIT):
             _log.error("exit points %s never appeared; their results are dropped", wanted)
+
+    async def _await_serving(self, names: tuple[str, ...]) -> bool:
+        """Before a configuration naming these exit points goes live: know and link them all
+        (their partial results must start with the first batch of the new epoch)."""
+        exits = self._exits
+        assert exits is not None
+        if not await exits.wait_until(lambda: set(names) <= exits.by_name.keys(), EXIT_WAIT):
+            missing = sorted(set(names) - exits.by_name.keys())
+            _log.error("exit points %s are not registered: not ready", missing)
+            return False
+        self._sync_links()
+        return True
 
     def _sync_links(self) -> None:
         if self._exits is None:

@@ -79,14 +79,16 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PublishAck(_message.Message):
-    __slots__ = ("batch", "accepted", "error")
+    __slots__ = ("batch", "accepted", "error", "moved_to")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    MOVED_TO_FIELD_NUMBER: _ClassVar[int]
     batch: int
     accepted: int
     error: Error
-    def __init__(self, batch: _Optional[int] = ..., accepted: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    moved_to: str
+    def __init__(self, batch: _Optional[int] = ..., accepted: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., moved_to: _Optional[str] = ...) -> None: ...
 
 class EntitySelector(_message.Message):
     __slots__ = ("id", "id_pattern", "type", "type_pattern")
@@ -139,14 +141,28 @@ class Unsubscribe(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("request", "subscribe", "unsubscribe")
+    __slots__ = ("request", "subscribe", "unsubscribe", "release")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     UNSUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     request: int
     subscribe: Subscribe
     unsubscribe: Unsubscribe
-    def __init__(self, request: _Optional[int] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ...) -> None: ...
+    release: Release
+    def __init__(self, request: _Optional[int] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Moved(_message.Message):
+    __slots__ = ("address", "connection_point")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_POINT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    connection_point: str
+    def __init__(self, address: _Optional[str] = ..., connection_point: _Optional[str] = ...) -> None: ...
 
 class SessionAck(_message.Message):
     __slots__ = ("request", "ids", "handles", "error")
@@ -175,9 +191,11 @@ class NotificationBatch(_message.Message):
     def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("ack", "notifications")
+    __slots__ = ("ack", "notifications", "moved")
     ACK_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     ack: SessionAck
     notifications: NotificationBatch
-    def __init__(self, ack: _Optional[_Union[SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ...) -> None: ...
+    moved: Moved
+    def __init__(self, ack: _Optional[_Union[SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ..., moved: _Optional[_Union[Moved, _Mapping]] = ...) -> None: ...

@@ -16,7 +16,7 @@ class Hello(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Updates(_message.Message):
-    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable")
+    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable", "gatherers")
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class Updates(_message.Message):
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     EXIT_POINTS_FIELD_NUMBER: _ClassVar[int]
     MATCHABLE_FIELD_NUMBER: _ClassVar[int]
+    GATHERERS_FIELD_NUMBER: _ClassVar[int]
     first_seq: int
     epoch: int
     entities: _containers.RepeatedScalarFieldContainer[bytes]
@@ -31,7 +32,8 @@ class Updates(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     exit_points: _containers.RepeatedScalarFieldContainer[int]
     matchable: bytes
-    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ...) -> None: ...
+    gatherers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ..., gatherers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("handle", "subscription", "id")
@@ -168,12 +170,14 @@ class NotificationBatchOut(_message.Message):
     def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
 
 class SessionEventOut(_message.Message):
-    __slots__ = ("ack", "notifications")
+    __slots__ = ("ack", "notifications", "moved")
     ACK_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATIONS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     ack: _client_pb2.SessionAck
     notifications: NotificationBatchOut
-    def __init__(self, ack: _Optional[_Union[_client_pb2.SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatchOut, _Mapping]] = ...) -> None: ...
+    moved: _client_pb2.Moved
+    def __init__(self, ack: _Optional[_Union[_client_pb2.SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatchOut, _Mapping]] = ..., moved: _Optional[_Union[_client_pb2.Moved, _Mapping]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -26,13 +26,15 @@ from broker.partition.selector import RendezvousSelector
 def test_create_then_read(client: KazooClient) -> None:
     config = ClusterConfiguration(client)
     assert config.read() is None
-    created = config.create(Configuration.of(1, ["m1", "m2"]))
+    created = config.create(Configuration.of(1, ["m1", "m2"], exit_points=["e1"]))
     assert created == config.read()
     assert created.version == 0 and created.epoch == 1
     assert json.loads(client.get("/config")[0]) == {
         "epoch": 1,
         "matchers": ["m1", "m2"],
         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
+        "exit_points": ["e1"],
+        "access_points": [],
     }
     with pytest.raises(ConfigurationConflict, match="already"):
         config.create(Configuration.of(1, ["m3"]))
@@ -144,3 +146,17 @@ def test_unreadable_data_is_a_typed_error(client: KazooClient, data: bytes) -> N
     client.create("/config", data)
     with pytest.raises(CorruptCoordinationData):
         ClusterConfiguration(client).read()
+
+
+def test_a_configuration_without_layer_lists_reads_as_every_live_one() -> None:
+    legacy = b'{"epoch": 2, "matchers": ["m1"], "selector": ' + json.dumps(
+        RendezvousSelector(("m1",)).to_dict()
+    ).encode() + b"}"
+    configuration = Configuration.decode(legacy)
+    assert configuration.exit_points == () and configuration.access_points == ()
+    later = configuration.next(exit_points=["e1", "e2"])
+    assert later.epoch == 3 and later.matchers == ("m1",)
+    assert later.selector == configuration.selector and later.exit_points == ("e1", "e2")
+    assert Configuration.decode(later.encode()) == later
+    with pytest.raises(InvalidConfiguration, match="exit_points"):
+        Configuration.of(1, ["m1"], exit_points=["e1", "e1"])

@@ -23,6 +23,7 @@ import itertools
 import queue
 import threading
 import time
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ __all__ = [
     "Published",
     "Received",
     "Recorder",
+    "SteadyPublisher",
     "assert_exact_delivery",
     "cluster_status",
     "end_marker",
@@ -220,6 +222,35 @@ class Recorder:
         self._received.append(received)
         if received.entity.tenant == MARKER_TENANT:
             self._markers.add(received.publisher)
+
+
+class SteadyPublisher(threading.Thread):
+    """Publishes its updates in small batches at a steady pace, then its end marker."""
+
+    def __init__(self, endpoints: Sequence[str], name: str, updates: list[ContextUpdate]) -> None:
+        super().__init__(daemon=True)
+        self.endpoints = list(endpoints)
+        marker = end_marker(zlib.crc32(name.encode()), len(updates))
+        self.published = Published(name, [*updates, marker])
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with Client(self.endpoints, publisher=self.published.publisher) as client:
+                updates = self.published.updates
+                for start in range(0, len(updates), 10):
+                    client.publish_many(updates[start : start + 10], batch_size=10)
+                    time.sleep(0.02)
+        except BaseException as exc:
+            self.error = exc
+
+    def finish(self) -> Published:
+        """Wait for the end; what was published (raises what publishing raised)."""
+        self.join(DELIVERY_DEADLINE * 2)
+        assert not self.is_alive(), f"{self.published.publisher} did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.published
 
 
 def publish_concurrently(

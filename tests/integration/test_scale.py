@@ -7,7 +7,6 @@ subscriptions whose owner changes, and matching never pauses.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -16,17 +15,14 @@ from conftest import StartCluster
 from kazoo.client import KazooClient
 
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
-from broker.client import Client
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.scaling import scale_matchers
-from broker.model.update import ContextUpdate
 from broker.runtime.options import Role
 from integration.conftest import (
-    Published,
     Recorder,
+    SteadyPublisher,
     assert_exact_delivery,
-    end_marker,
     subscriptions_held,
 )
 
@@ -38,26 +34,6 @@ def zk_of() -> Iterator[list[KazooClient]]:
     for client in clients:
         client.stop()
         client.close()
-
-
-class _SteadyPublisher(threading.Thread):
-    """Publishes its updates in small batches at a steady pace, then its end marker."""
-
-    def __init__(self, endpoints: list[str], index: int, updates: list[ContextUpdate]) -> None:
-        super().__init__(daemon=True)
-        self.endpoints = endpoints
-        self.published = Published(f"steady-{index}", [*updates, end_marker(index, len(updates))])
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with Client(self.endpoints, publisher=self.published.publisher) as client:
-                updates = self.published.updates
-                for start in range(0, len(updates), 10):
-                    client.publish_many(updates[start : start + 10], batch_size=10)
-                    time.sleep(0.02)
-        except BaseException as exc:
-            self.error = exc
 
 
 def _matchers(cluster: LocalCluster) -> list[str]:
@@ -76,7 +52,9 @@ def test_matchers_scale_out_and_in_while_updates_flow(
     try:
         recorder.subscribe(subscriptions)
         updates = iot_updates(2400, seed=9, stations=60)
-        publishers = [_SteadyPublisher(cluster.endpoints, i, updates[i::2]) for i in range(2)]
+        publishers = [
+            SteadyPublisher(cluster.endpoints, f"steady-{i}", updates[i::2]) for i in range(2)
+        ]
         for publisher in publishers:
             publisher.start()
         time.sleep(0.5)
