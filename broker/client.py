@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import queue
+import random
 import threading
 import time
 import uuid
@@ -225,7 +226,8 @@ class Client:
 
     @classmethod
     def from_state_dir(cls, state_dir: str | Path = ".silbo", **options: object) -> Client:
-        """A client of the cluster that ``silbo up`` described in ``STATE_DIR/cluster.json``."""
+        """A client of the cluster that ``silbo up`` described in ``STATE_DIR/cluster.json``
+        (starting at a connection point chosen at random, the others as failover)."""
         path = Path(state_dir) / "cluster.json"
         try:
             described = json.loads(path.read_text())
@@ -234,7 +236,8 @@ class Client:
             raise InvalidInput(f"no running cluster described in {path}: {exc}") from exc
         if described.get("status", "running") != "running" or not endpoints:
             raise Unavailable(f"the cluster described in {path} is not serving yet")
-        return cls(endpoints, **options)  # type: ignore[arg-type]
+        first = random.randrange(len(endpoints))  # clients spread over the connection points
+        return cls(endpoints[first:] + endpoints[:first], **options)  # type: ignore[arg-type]
 
     @property
     def target(self) -> str:

@@ -57,3 +57,52 @@ def test_a_cluster_needs_a_matcher(
     cluster = start_cluster(matchers=1)
     assert main(["admin", "scale", "matchers", "0", "--state-dir", str(cluster.state_dir)]) == 2
     assert "at least one matcher" in capsys.readouterr().err
+
+
+def _role(state_dir: object, role: str) -> list[dict[str, object]]:
+    description = read_cluster(state_dir)  # type: ignore[arg-type]
+    assert description is not None
+    return [p for p in description["processes"] if p["role"] == role]
+
+
+@pytest.mark.parametrize(
+    ("layer", "role"),
+    [
+        ("exit-points", "exit-point"),
+        ("access-points", "access-point"),
+        ("connection-points", "connection-point"),
+    ],
+)
+def test_every_layer_scales_out_and_in_through_the_command(
+    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str], layer: str, role: str
+) -> None:
+    cluster = start_cluster(matchers=1, grpc_port=0)
+    state = str(cluster.state_dir)
+    with Client(cluster.endpoints) as client:
+        room = client.subscribe(id="Room1")
+        assert main(["admin", "scale", layer, "2", "--state-dir", state, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["outcome"] == "completed", out
+        assert out["moved_subscriptions"] == 0
+        assert len(_role(state, role)) == 2
+        described = read_cluster(state)  # type: ignore[arg-type]
+        assert described is not None
+        assert len(described["endpoints"]) == (2 if role == "connection-point" else 1)
+        client.publish(ContextUpdate.of("Room1", {"t": 1}))
+        assert room.get(timeout=10).update.sequence == 1
+
+        assert main(["admin", "scale", layer, "1", "--state-dir", state]) == 0
+        assert capsys.readouterr().out.startswith(f"completed: {layer} 2 -> 1")
+        assert len(_role(state, role)) == 1
+        client.publish(ContextUpdate.of("Room1", {"t": 2}))
+        assert room.get(timeout=10).update.sequence == 2
+
+
+def test_scaling_to_the_same_size_is_rejected(
+    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = start_cluster(matchers=1)
+    state = str(cluster.state_dir)
+    assert main(["admin", "scale", "exit-points", "1", "--state-dir", state, "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["outcome"] == "rejected" and "nothing to change" in out["message"]
