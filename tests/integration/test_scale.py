@@ -7,6 +7,8 @@ subscriptions whose owner changes, and matching never pauses.
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Iterator
 
@@ -60,11 +62,30 @@ def test_matchers_scale_out_and_in_while_updates_flow(
         time.sleep(0.5)
 
         cluster.add(Role.MATCHER, peak - first)
+        # Subscriptions made while the scale runs (their own tenant, published to once they
+        # are acknowledged) are honoured after it.
+        late = Recorder(cluster.endpoints, "late", raw=True)
+        late_publisher: list[SteadyPublisher] = []
+
+        def subscribe_late() -> None:
+            late.subscribe(
+                [
+                    dataclasses.replace(s, id=f"late-{s.id}", tenant="late")
+                    for s in subscriptions[:100]
+                ]
+            )
+            late_updates = [dataclasses.replace(u, tenant="late") for u in updates[:400]]
+            late_publisher.append(SteadyPublisher(cluster.endpoints, "late-pub", late_updates))
+            late_publisher[0].start()
+
+        during = threading.Thread(target=subscribe_late, daemon=True)
+        during.start()
         out = scale_matchers(zk, _matchers(cluster), timeout=30.0)
         overlapped = any(p.is_alive() for p in publishers)
+        during.join(30.0)
         assert out.outcome == "completed", out
         assert out.epoch == 2
-        held = len(subscriptions) + 1  # and the end-marker subscription
+        held = len(subscriptions) + 1 + 101  # end markers; the late ones and their marker
         # Only what changes owner moves: about (peak - first) / peak of the subscriptions.
         assert 0 < out.moved_subscriptions < held
         assert out.moved_bytes > 0
@@ -81,10 +102,14 @@ def test_matchers_scale_out_and_in_while_updates_flow(
             publisher.join(60.0)
             assert publisher.error is None, publisher.error
         published = [p.published for p in publishers]
-        recorder.wait_for_markers(p.publisher for p in published)
+        published.append(late_publisher[0].finish())
+        for which in (recorder, late):
+            which.wait_for_markers(p.publisher for p in published)
         assert assert_exact_delivery(recorder, published) > 300
+        assert assert_exact_delivery(late, published) > 50
     finally:
         recorder.close()
+        late.close()
 
 
 def test_a_second_scale_while_one_runs_is_rejected(
