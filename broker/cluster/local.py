@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -118,6 +118,9 @@ class ClusterSpec:
     exit_points: int = 1
     connection_points: int = 1
     grpc_port: int = 7777  # the first connection point's port; the next ones count up; 0: any
+    # NGSI v2 HTTP: the first connection point's port, the next ones count up; 0: any; None: off
+    http_port: int | None = None
+    notify_allow: tuple[str, ...] = ()  # --notify-allow of every connection point
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
     state_dir: Path = Path(".silbo")
@@ -137,6 +140,13 @@ class ClusterSpec:
             problems.append(
                 f"--grpc-port {self.grpc_port} leaves no room for {self.connection_points} "
                 "connection points (they use consecutive ports)"
+            )
+        if self.http_port is not None and not (
+            self.http_port >= 0 and self.http_port + max(self.connection_points, 1) - 1 <= 65535
+        ):
+            problems.append(
+                f"--http-port {self.http_port} is not a port with room for "
+                f"{self.connection_points} connection points (0 to 65535)"
             )
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
@@ -443,9 +453,15 @@ class LocalCluster:
                 listen = f"{HOST}:0"
                 if role is Role.CONNECTION_POINT and port:
                     listen = f"{HOST}:{port + i}"
-                self._spawn(role, i + 1, listen)
+                extra: list[str] = []
+                if role is Role.CONNECTION_POINT and self.spec.http_port is not None:
+                    http = self.spec.http_port and self.spec.http_port + i
+                    extra = ["--http-listen", f"{HOST}:{http}"]
+                    for entry in self.spec.notify_allow:
+                        extra += ["--notify-allow", entry]
+                self._spawn(role, i + 1, listen, extra)
 
-    def _spawn(self, role: Role, number: int, listen: str) -> None:
+    def _spawn(self, role: Role, number: int, listen: str, extra: Sequence[str] = ()) -> None:
         log = self.state_dir / "logs" / f"{role.value}-{number}.log"
         command = [
             sys.executable,
@@ -461,6 +477,7 @@ class LocalCluster:
             listen,
             "--log-level",
             self.spec.log_level,
+            *extra,
         ]
         with _signals_held() as mask, open(log, "ab") as out:
             setup = _ChildSetup(os.getpid(), mask, die=not self.spec.detach)
@@ -550,6 +567,11 @@ class LocalCluster:
                 p["address"]
                 for p in processes
                 if p["role"] == Role.CONNECTION_POINT.value and p["address"]
+            ],
+            "http_endpoints": [
+                f"{HOST}:{self.spec.http_port + i}"
+                for i in range(self.spec.connection_points)
+                if self.spec.http_port
             ],
             "processes": processes,
         }

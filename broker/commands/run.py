@@ -3,6 +3,7 @@
     silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
+        [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...]]   (connection points)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
 port in use, bad options) are one line on stderr and exit status 2.
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Callable
 
 from broker.errors import SilboError
+from broker.ngsi import AllowList
 from broker.roles.access_point import AccessPoint
 from broker.roles.connection_point import ConnectionPoint
 from broker.roles.exit_point import ExitPoint
@@ -45,6 +47,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to reach ZooKeeper")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    parser.add_argument(
+        "--http-listen", default="", help="connection points: serve NGSI v2 HTTP here (port 0: any)"
+    )
+    parser.add_argument(
+        "--notify-allow",
+        action="append",
+        default=[],
+        metavar="CIDR_OR_HOST",
+        help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -65,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
             advertise=args.advertise,
             metrics_listen=args.metrics_listen,
             zk_timeout=args.zk_timeout,
+            http_listen=args.http_listen,
+            notify_allow=tuple(args.notify_allow),
         )
+        AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
         return run_process(options, ROLES[options.role])
     except SilboError as exc:
         print(f"silbo run {args.role}: error: {exc}", file=sys.stderr)

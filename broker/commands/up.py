@@ -1,7 +1,8 @@
 """``silbo up``: start a whole cluster on this machine.
 
     silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
-        [--grpc-port 7777] [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
+        [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]]
+        [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--log-level INFO] [--timeout 60]
 
 Without ``--zk`` an embedded ZooKeeper is started too (its data under STATE_DIR/zookeeper,
@@ -93,6 +94,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the first connection point's port; the next ones count up (0: any free port)",
     )
     parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve NGSI v2 over HTTP: the first connection point's port, the next ones count "
+        "up (0: any free port; default: no HTTP)",
+    )
+    parser.add_argument(
+        "--notify-allow",
+        action="append",
+        default=[],
+        metavar="CIDR_OR_HOST",
+        help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
+    )
+    parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
     )
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
@@ -118,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             exit_points=args.exit_points,
             connection_points=args.connection_points,
             grpc_port=args.grpc_port,
+            http_port=args.http_port,
+            notify_allow=tuple(args.notify_allow),
             zk=args.zk,
             cluster=args.cluster,
             state_dir=Path(args.state_dir),
@@ -195,6 +212,11 @@ def _summary(description: dict[str, Any], *, detached: bool) -> None:
         f"cluster {description['cluster']} is up: {roles}",
         f"  ZooKeeper:  {zookeeper['address']} ({where})",
         f"  clients:    {', '.join(description['endpoints'])}",
+        *(
+            [f"  NGSI v2:    http://{', http://'.join(description['http_endpoints'])}"]
+            if description.get("http_endpoints")
+            else []
+        ),
         f"  state dir:  {state_dir} (logs in {state_dir}/logs)",
         f"  stop with:  {down}" if detached else f"  stop with:  Ctrl-C (or {down})",
     ]

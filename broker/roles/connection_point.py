@@ -33,7 +33,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError, Message
 from broker.coordination.membership import Member
 from broker.coordination.scale import report as scale_report
 from broker.errors import (
+    AlreadyExists,
     InvalidInput,
     InvalidUpdate,
     NotFound,
@@ -52,6 +53,7 @@ from broker.errors import (
     Unavailable,
     mapping_for,
 )
+from broker.ngsi import AllowList, FrontOptions, NgsiFront
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
@@ -94,6 +96,7 @@ class _Session:
     next_number: int = 0
     failure: str = ""
     code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+    movable: bool = True  # a client's (it can be handed over), not the HTTP front's own
 
 
 class _Malformed:
@@ -150,6 +153,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._leaving: list[Member] = []  # where sessions go when this one leaves
         self._publishers_moved = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
 
     # -- the role's life ----------------------------------------------------------------
 
@@ -189,8 +193,12 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._follow_scale)
         self._choose_access_point()
+        if context.options.http_listen:
+            self._front = await _FrontPort(self).start(context)
 
     async def stop(self) -> None:
+        if self._front is not None:
+            await self._front.stop()
         for session in list(self._sessions.values()):
             session.code = grpc.StatusCode.UNAVAILABLE
             self._end(session, "the connection point is stopping")
@@ -608,17 +616,21 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         await self._fence(link)  # every publish accepted so far is delivered
         self._publishers_moved.set()
         held_ms = (time.monotonic() - started) * 1000
-        sessions = list(self._sessions.values())
+        sessions = [s for s in self._sessions.values() if s.movable]
         for session in sessions:
             self._send_moved(session)
+
+        def unmoved() -> list[_Session]:
+            return [s for s in self._sessions.values() if s.movable]
+
         deadline = time.monotonic() + LEAVE_TIMEOUT
-        while self._sessions and time.monotonic() < deadline:
+        while unmoved() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        if self._sessions:
+        if unmoved():
             _log.warning(
-                "%d sessions did not move; they end when this process stops", len(self._sessions)
+                "%d sessions did not move; they end when this process stops", len(unmoved())
             )
-        _log.info("left: %d sessions handed over", len(sessions) - len(self._sessions))
+        _log.info("left: %d sessions handed over", len(sessions) - len(unmoved()))
         ctx = self._ctx()
         body = {"held_ms": round(held_ms, 3), "sessions": len(sessions)}
         await asyncio.to_thread(scale_report, ctx.zk, "moved", ctx.name, body)
@@ -656,3 +668,72 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     def _ctx(self) -> ProcessContext:
         assert self._context is not None, "the role has not started"
         return self._context
+
+
+# -- the NGSI v2 HTTP front's view of its connection point (broker.ngsi.BrokerPort) ---------
+
+_ACK_ERRORS: dict[str, type[SilboError]] = {
+    "INVALID_ARGUMENT": InvalidInput,
+    "NOT_FOUND": NotFound,
+    "ALREADY_EXISTS": AlreadyExists,
+}
+
+
+class _FrontPort:
+    """What the HTTP front uses of its connection point: publishing like a gRPC publisher,
+    and one session of its own holding the front's subscriptions, whose notification batches
+    go to the front instead of a gRPC stream."""
+
+    def __init__(self, connection_point: ConnectionPoint) -> None:
+        self._cp = connection_point
+        number = next(connection_point._session_numbers) & ((1 << 24) - 1)
+        self._session = _Session(number, movable=False)
+        self._requests = itertools.count(1)
+
+    @property
+    def name(self) -> str:
+        return self._cp._ctx().name
+
+    async def start(self, context: ProcessContext) -> NgsiFront:
+        options = context.options
+        front = NgsiFront(
+            self,
+            FrontOptions(options.http_listen, allow=AllowList.parse(options.notify_allow)),
+        )
+        self._cp._sessions[self._session.number] = self._session
+        self._cp._spawn(self._consume(front))
+        await front.start()
+        return front
+
+    async def _consume(self, front: NgsiFront) -> None:
+        while True:
+            event = await self._session.events.get()
+            if event is None:
+                if self._session.failure:
+                    _log.error("the HTTP front's session ended: %s", self._session.failure)
+                return
+            if isinstance(event, wire.SessionEventOut) and event.HasField("notifications"):
+                front.notify(event.notifications)
+
+    async def publish(self, entities: Sequence[pb.Entity], publisher: str, first: int) -> None:
+        request = pb.PublishRequest(publisher=publisher, first_sequence=first, entities=entities)
+        payload, count = self._cp._updates(request, publisher)
+        link = await self._cp._access_point()
+        if not await link.send(payload):
+            raise Unavailable("the access point went away; publish again")
+        self._cp._ctx().metrics.items_in.labels(kind="update").inc(count)
+
+    async def subscribe(self, specs: Sequence[pb.SubscriptionSpec], *, replace: bool) -> list[int]:
+        subscribe = pb.Subscribe(subscriptions=specs, replace=replace)
+        ack = await self._cp._subscribe(self._session, next(self._requests), subscribe)
+        _raise_for(ack)
+        return list(ack.handles)
+
+    async def unsubscribe(self, ids: Sequence[str]) -> None:
+        unsubscribe = pb.Unsubscribe(ids=ids)
+        _raise_for(await self._cp._unsubscribe(self._session, next(self._requests), unsubscribe))
+
+
+def _raise_for(ack: pb.SessionAck) -> None:
+    if ack.HasField("error") and ack.error.code:
+        raise _ACK_ERRORS.get(ack.error.code, Unavailable)(ack.error.message)

@@ -36,6 +36,8 @@ class ProcessOptions:
     ``listen`` is where its gRPC server binds; ``advertise`` is the address others use to
     reach it (default: ``listen``, with the port the server got when ``listen`` said 0).
     ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
+    ``http_listen`` is where a connection point serves NGSI v2 over HTTP ('' for not at all);
+    ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md).
     """
 
     role: Role
@@ -45,6 +47,8 @@ class ProcessOptions:
     advertise: str = ""
     metrics_listen: str = "127.0.0.1:0"
     zk_timeout: float = 10.0
+    http_listen: str = ""
+    notify_allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -54,6 +58,7 @@ class ProcessOptions:
             ("--listen", self.listen),
             ("--advertise", self.advertise),
             ("--metrics-listen", self.metrics_listen),
+            ("--http-listen", self.http_listen),
         ):
             if value:
                 try:
@@ -62,6 +67,8 @@ class ProcessOptions:
                     problems.append(str(exc))
         if not self.cluster or "/" in self.cluster:
             problems.append(f"--cluster {self.cluster!r} must be a non-empty name without '/'")
+        if self.http_listen and self.role is not Role.CONNECTION_POINT:
+            problems.append("--http-listen is for connection points only")
         if self.zk_timeout <= 0:
             problems.append("the ZooKeeper timeout must be positive")
         if problems:

@@ -1,0 +1,9 @@
+"""The NGSI v2 HTTP front of a connection point (docs/ngsi.md): Orion's API for publishing
+updates and managing subscriptions whose notifications are HTTP requests."""
+
+from __future__ import annotations
+
+from broker.ngsi.allow import AllowList
+from broker.ngsi.front import BrokerPort, FrontOptions, NgsiFront
+
+__all__ = ["AllowList", "BrokerPort", "FrontOptions", "NgsiFront"]

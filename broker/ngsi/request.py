@@ -1,0 +1,195 @@
+"""Reading NGSI v2 requests and answering errors, as Orion does (ngsi-v2.md sections 2 and 5).
+
+The checks every request goes through (:func:`checks`, an aiohttp middleware), in Orion's
+order: the Accept header must allow JSON (406); a body must say its length (411), be at most
+1 MB (413) and be JSON (or ``text/plain`` where a route takes it, 415). Any SilboError a
+handler raises becomes ``{"error", "description"}`` with the status of the one error table
+(:func:`broker.errors.mapping_for`); anything else is a logged 500 and the server goes on.
+Every answer carries the request's ``Fiware-Correlator`` (a new one if it had none).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker.errors import InvalidInput, SilboError, mapping_for
+from broker.model.identifiers import (
+    DEFAULT_SCOPE,
+    DEFAULT_SERVICE_PATH,
+    check_scope,
+    check_service_path,
+    check_tenant,
+)
+from broker.ngsi.errors import (
+    ContentLengthRequired,
+    MethodNotAllowed,
+    NotAcceptable,
+    ParseError,
+    RequestEntityTooLarge,
+    UnsupportedMediaType,
+)
+
+__all__ = [
+    "CORRELATOR",
+    "MAX_BODY",
+    "checks",
+    "correlator_of",
+    "error_response",
+    "options_of",
+    "read_json",
+    "scope_of",
+    "service_path_of",
+    "tenant_of",
+]
+
+_log = logging.getLogger(__name__)
+
+MAX_BODY = 1 << 20  # Orion's 1 MB
+CORRELATOR = "Fiware-Correlator"
+KNOWN_OPTIONS = frozenset(
+    {
+        "keyValues",
+        "values",
+        "unique",
+        "upsert",
+        "append",
+        "forcedUpdate",
+        "overrideMetadata",
+        "flowControl",
+        "count",
+        "skipForwarding",
+        "skipInitialNotification",
+    }
+)
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(exc: SilboError) -> web.Response:
+    """The NGSI error answer of ``exc``."""
+    mapping = mapping_for(exc)
+    body = {"error": mapping.ngsi_error, "description": str(exc)}
+    return web.json_response(body, status=mapping.http_status)
+
+
+def correlator_of(request: web.Request) -> str:
+    """The request's correlator (set by the middleware)."""
+    value: str = request["correlator"]
+    return value
+
+
+@web.middleware
+async def checks(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The checks and the error answers of the module doc."""
+    correlator = request.headers.get(CORRELATOR) or str(uuid.uuid1())
+    request["correlator"] = correlator
+    try:
+        _check_accept(request)
+        _check_body(request)
+        response = await handler(request)
+    except SilboError as exc:
+        response = error_response(exc)
+    except web.HTTPMethodNotAllowed as exc:
+        response = error_response(MethodNotAllowed(f"method {request.method} is not allowed"))
+        response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+    except web.HTTPRequestEntityTooLarge:
+        response = error_response(RequestEntityTooLarge(f"payload is over {MAX_BODY} bytes"))
+    except web.HTTPNotFound:
+        response = error_response(
+            InvalidInput("Service not found. Check your URL as probably it is wrong.")
+        )
+    except web.HTTPException as exc:
+        response = web.json_response(
+            {"error": exc.reason.replace(" ", ""), "description": exc.text or exc.reason},
+            status=exc.status,
+        )
+    except Exception as exc:  # a bug costs one request, never the server
+        _log.exception("%s %s failed", request.method, request.path)
+        response = web.json_response(
+            {"error": "InternalServerError", "description": f"the request failed: {exc!r}"},
+            status=500,
+        )
+    response.headers[CORRELATOR] = correlator
+    return response
+
+
+def _check_accept(request: web.Request) -> None:
+    accept = request.headers.get("Accept")
+    if not accept:
+        return
+    types = {part.split(";")[0].strip().lower() for part in accept.split(",")}
+    if types & {"application/json", "application/*", "*/*", "text/plain", "text/*"}:
+        return
+    raise NotAcceptable("no acceptable mime-type in accept header")
+
+
+def _check_body(request: web.Request) -> None:
+    if request.method not in _BODY_METHODS:
+        return
+    length = request.content_length
+    if length is None:
+        raise ContentLengthRequired("Zero/No Content-Length in PUT/POST/PATCH request")
+    if length > MAX_BODY:
+        raise RequestEntityTooLarge(f"payload size: {length}, max size supported: {MAX_BODY}")
+    if length == 0:
+        return
+    content_type = request.content_type.lower()
+    if content_type == "application/json":
+        return
+    if content_type == "text/plain" and request.path.rstrip("/").endswith("/value"):
+        return  # PUT .../attrs/{a}/value takes text too
+    raise UnsupportedMediaType(f"not supported content type: {request.content_type}")
+
+
+async def read_json(request: web.Request, *, required: bool = True) -> Any:
+    """The JSON body (ParseError if it is not JSON; BadRequest if empty and required)."""
+    data = await request.read()
+    if not data.strip():
+        if required:
+            raise InvalidInput("empty payload")
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise ParseError("Errors found in incoming JSON buffer") from None
+
+
+def options_of(request: web.Request) -> frozenset[str]:
+    """The ``options`` URL parameter (comma-separated); BadRequest for an unknown one."""
+    given = {o.strip() for o in request.query.get("options", "").split(",") if o.strip()}
+    unknown = given - KNOWN_OPTIONS
+    if unknown:
+        raise InvalidInput(f"Invalid value for URL parameter /options/: {sorted(unknown)[0]}")
+    return frozenset(given)
+
+
+def tenant_of(request: web.Request) -> str:
+    """The tenant of ``Fiware-Service`` (lowercased; empty or absent: the default tenant)."""
+    return check_tenant(request.headers.get("Fiware-Service", "").strip().lower())
+
+
+def service_path_of(request: web.Request) -> str:
+    """The one service path an update takes (``/`` when absent)."""
+    text = request.headers.get("Fiware-ServicePath", "").strip() or DEFAULT_SERVICE_PATH
+    if "," in text:
+        raise InvalidInput("an update takes one service path, not a list")
+    if text != "/" and text.endswith("/"):
+        text = text[:-1]
+    return check_service_path(text)
+
+
+def scope_of(request: web.Request) -> str | None:
+    """A subscription's scope from ``Fiware-ServicePath`` (None when the header is absent)."""
+    text = request.headers.get("Fiware-ServicePath", "").strip()
+    if not text:
+        return None
+    if "," in text:
+        raise InvalidInput("a subscription takes one service path, not a list")
+    return check_scope(text) if text != DEFAULT_SCOPE else DEFAULT_SCOPE

@@ -1,0 +1,390 @@
+"""The NGSI v2 routes the front serves (ngsi-v2.md sections 2 and 3), and those it refuses.
+
+Updates become publications of the whole entity (:mod:`broker.ngsi.cache` decides what
+exists and what changed); subscriptions are the broker's own. Operations of a context store
+(queries, types, registrations) answer 501 NotImplemented: Silbo keeps no context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+from aiohttp import web
+
+from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError
+from broker.model.attribute import check_value
+from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
+from broker.model.update import DEFAULT_ENTITY_TYPE
+from broker.ngsi.cache import Key, Mode, Outcome
+from broker.ngsi.entity import (
+    Attributes,
+    check_text,
+    parse_attribute,
+    parse_attributes,
+    parse_entity,
+    parse_text_value,
+)
+from broker.ngsi.errors import NotServed, PartialUpdate
+from broker.ngsi.front import ORION_VERSION, NgsiFront
+from broker.ngsi.request import (
+    correlator_of,
+    options_of,
+    read_json,
+    scope_of,
+    service_path_of,
+    tenant_of,
+)
+from broker.ngsi.subscriptions import merged, parse_document
+
+__all__ = ["add_routes"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MAX_LIMIT = 1000
+DEFAULT_LIMIT = 20
+_ACTIONS = {
+    "append": "append",
+    "APPEND": "append",
+    "appendStrict": "appendStrict",
+    "APPEND_STRICT": "appendStrict",
+    "update": "update",
+    "UPDATE": "update",
+    "delete": "delete",
+    "DELETE": "delete",
+    "replace": "replace",
+    "REPLACE": "replace",
+}
+_ENTITY = "/v2/entities/{id}"
+
+
+def add_routes(app: web.Application, front: NgsiFront) -> None:
+    """Add every route (each also with one trailing '/', as Orion strips it)."""
+    routes = _Routes(front)
+    table: list[tuple[str, str, Handler]] = [
+        ("GET", "/version", routes.version),
+        ("GET", "/v2", routes.entry_points),
+        ("POST", "/v2/entities", routes.create_entity),
+        ("POST", _ENTITY + "/attrs", routes.append_attributes),
+        ("PATCH", _ENTITY + "/attrs", routes.update_attributes),
+        ("PUT", _ENTITY + "/attrs", routes.replace_attributes),
+        ("PUT", _ENTITY + "/attrs/{attr}", routes.replace_attribute),
+        ("PUT", _ENTITY + "/attrs/{attr}/value", routes.replace_value),
+        ("DELETE", _ENTITY, routes.delete_entity),
+        ("DELETE", _ENTITY + "/attrs/{attr}", routes.delete_attribute),
+        ("POST", "/v2/op/update", routes.batch_update),
+        ("POST", "/v2/op/notify", routes.batch_notify),
+        ("POST", "/v2/subscriptions", routes.create_subscription),
+        ("GET", "/v2/subscriptions", routes.list_subscriptions),
+        ("GET", "/v2/subscriptions/{sid}", routes.get_subscription),
+        ("PATCH", "/v2/subscriptions/{sid}", routes.patch_subscription),
+        ("DELETE", "/v2/subscriptions/{sid}", routes.delete_subscription),
+    ]
+    not_served = [
+        ("GET", "/v2/entities"),
+        ("GET", _ENTITY),
+        ("GET", _ENTITY + "/attrs"),
+        ("GET", _ENTITY + "/attrs/{attr}"),
+        ("GET", _ENTITY + "/attrs/{attr}/value"),
+        ("GET", "/v2/types"),
+        ("GET", "/v2/types/{type}"),
+        ("GET", "/v2/registrations"),
+        ("POST", "/v2/registrations"),
+        ("GET", "/v2/registrations/{rid}"),
+        ("PATCH", "/v2/registrations/{rid}"),
+        ("DELETE", "/v2/registrations/{rid}"),
+        ("POST", "/v2/op/query"),
+    ]
+    table += [(method, path, routes.not_served) for method, path in not_served]
+    for method, path, handler in table:
+        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path + "/", handler)
+
+
+def _location(entity_id: str, entity_type: str) -> str:
+    return f"/v2/entities/{quote(entity_id, safe='')}?type={quote(entity_type, safe='')}"
+
+
+class _Routes:
+    def __init__(self, front: NgsiFront) -> None:
+        self.front = front
+
+    # -- about -------------------------------------------------------------------------------
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "orion": {
+                    "version": ORION_VERSION,
+                    "uptime": "",
+                    "git_hash": "silbo",
+                    "compile_time": "",
+                    "compiled_by": "silbo",
+                    "compiled_in": "",
+                    "release_date": "",
+                    "machine": "",
+                    "doc": "docs/ngsi.md",
+                    "libversions": {},
+                },
+                "silbo": {"front": self.front.address, "connection_point": self.front.port.name},
+            }
+        )
+
+    async def entry_points(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "entities_url": "/v2/entities",
+                "types_url": "/v2/types",
+                "subscriptions_url": "/v2/subscriptions",
+                "registrations_url": "/v2/registrations",
+            }
+        )
+
+    async def not_served(self, request: web.Request) -> web.Response:
+        raise NotServed(
+            f"{request.method} {request.path} is not served: Silbo is a broker, not a context "
+            "store (see docs/ngsi.md)"
+        )
+
+    # -- updates -----------------------------------------------------------------------------
+
+    def _key(self, request: web.Request, entity_id: str) -> Key:
+        check_identifier(entity_id, "entity id")
+        entity_type = request.query.get("type")
+        if entity_type is not None:
+            check_identifier(entity_type, "entity type")
+        return self.front.cache.resolve(
+            tenant_of(request), service_path_of(request), entity_id, entity_type
+        )
+
+    async def _apply(
+        self, request: web.Request, key: Key, mode: Mode, attributes: Attributes
+    ) -> Outcome:
+        options = options_of(request)
+        outcome = self.front.cache.apply(
+            key,
+            mode,
+            attributes,
+            forced="forcedUpdate" in options,
+            correlator=correlator_of(request),
+        )
+        await self.front.publish([outcome])
+        if outcome.partial is not None:
+            raise outcome.partial
+        return outcome
+
+    async def create_entity(self, request: web.Request) -> web.Response:
+        options = options_of(request)
+        body = await read_json(request)
+        entity_id, entity_type, attributes = parse_entity(body, key_values="keyValues" in options)
+        key = (tenant_of(request), service_path_of(request), entity_id, entity_type)
+        upsert = "upsert" in options
+        await self._apply(request, key, Mode.UPSERT if upsert else Mode.CREATE, attributes)
+        status = 204 if upsert else 201
+        return web.Response(status=status, headers={"Location": _location(entity_id, entity_type)})
+
+    async def _attributes(self, request: web.Request, mode: Mode) -> web.Response:
+        options = options_of(request)
+        body = await read_json(request)
+        attributes = parse_attributes(body, key_values="keyValues" in options)
+        key = self._key(request, request.match_info["id"])
+        await self._apply(request, key, mode, attributes)
+        return web.Response(status=204)
+
+    async def append_attributes(self, request: web.Request) -> web.Response:
+        strict = "append" in options_of(request)
+        return await self._attributes(request, Mode.APPEND_STRICT if strict else Mode.APPEND)
+
+    async def update_attributes(self, request: web.Request) -> web.Response:
+        return await self._attributes(request, Mode.UPDATE)
+
+    async def replace_attributes(self, request: web.Request) -> web.Response:
+        return await self._attributes(request, Mode.REPLACE)
+
+    async def replace_attribute(self, request: web.Request) -> web.Response:
+        options_of(request)
+        body = await read_json(request)
+        name = request.match_info["attr"]
+        attribute = parse_attribute(name, body, key_values=False)
+        key = self._key(request, request.match_info["id"])
+        await self._apply(request, key, Mode.REPLACE_ATTRIBUTE, {name: attribute})
+        return web.Response(status=204)
+
+    async def replace_value(self, request: web.Request) -> web.Response:
+        options_of(request)
+        name = request.match_info["attr"]
+        check_identifier(name, "attribute name")
+        if request.content_type == "text/plain":
+            value: Any = parse_text_value(await request.text())
+        else:
+            value = await read_json(request)
+            if not isinstance(value, dict | list):
+                raise InvalidUpdate(
+                    "a JSON attribute value must be an object or an array; send text/plain "
+                    "for strings, numbers, booleans and null"
+                )
+        key = self._key(request, request.match_info["id"])
+        old = (self.front.cache.get(key) or {}).get(name)
+        if old is None:
+            if self.front.cache.get(key) is None:
+                raise NotFound("The requested entity has not been found. Check type and id")
+            raise NotFound("The entity does not have such an attribute")
+        check_value(value, f"attribute {name!r} value")
+        if old["type"] != "TextUnrestricted":
+            check_text(value, f"attribute {name!r} value")
+        attribute = {"type": old["type"], "value": value, "metadata": old["metadata"]}
+        await self._apply(request, key, Mode.REPLACE_ATTRIBUTE, {name: attribute})
+        return web.Response(status=204)
+
+    async def delete_entity(self, request: web.Request) -> web.Response:
+        key = self._key(request, request.match_info["id"])
+        await self._apply(request, key, Mode.DELETE_ENTITY, {})
+        return web.Response(status=204)
+
+    async def delete_attribute(self, request: web.Request) -> web.Response:
+        name = request.match_info["attr"]
+        check_identifier(name, "attribute name")
+        key = self._key(request, request.match_info["id"])
+        await self._apply(request, key, Mode.DELETE_ATTRIBUTES, {name: {}})
+        return web.Response(status=204)
+
+    async def batch_update(self, request: web.Request) -> web.Response:
+        options = options_of(request)
+        body = await read_json(request)
+        if not isinstance(body, dict) or set(body) - {"actionType", "entities"}:
+            raise InvalidUpdate("the payload must be an object of actionType and entities")
+        action = _ACTIONS.get(body.get("actionType"))  # type: ignore[arg-type]
+        if action is None:
+            raise InvalidUpdate(f"actionType {body.get('actionType')!r} is not known")
+        entities = body.get("entities")
+        if not isinstance(entities, list) or not entities:
+            raise InvalidUpdate("entities must be a non-empty array")
+        key_values = "keyValues" in options
+        parsed = [_batch_entity(e, key_values) for e in entities]
+        await self._batch(request, action, parsed, "forcedUpdate" in options)
+        return web.Response(status=204)
+
+    async def batch_notify(self, request: web.Request) -> web.Response:
+        options = options_of(request)
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            raise InvalidUpdate("the payload must be a notification: subscriptionId and data")
+        key_values = "keyValues" in options
+        parsed = [_batch_entity(e, key_values) for e in body["data"]]
+        await self._batch(request, "append", parsed, "forcedUpdate" in options)
+        return web.Response(status=200)
+
+    async def _batch(
+        self,
+        request: web.Request,
+        action: str,
+        entities: list[tuple[str, str | None, Attributes]],
+        forced: bool,
+    ) -> None:
+        """Apply every entity's operation; publish what applied; answer as Orion does."""
+        tenant, path = tenant_of(request), service_path_of(request)
+        cache = self.front.cache
+        outcomes: list[Outcome] = []
+        errors: list[SilboError] = []
+        for entity_id, entity_type, attributes in entities:
+            try:
+                if action in ("append", "appendStrict"):
+                    key = (tenant, path, entity_id, entity_type or DEFAULT_ENTITY_TYPE)
+                    exists = cache.get(key) is not None
+                    mode = Mode.UPSERT if action == "append" or not exists else Mode.APPEND_STRICT
+                else:
+                    key = cache.resolve(tenant, path, entity_id, entity_type)
+                    mode = {
+                        "update": Mode.UPDATE,
+                        "replace": Mode.REPLACE,
+                        "delete": Mode.DELETE_ATTRIBUTES if attributes else Mode.DELETE_ENTITY,
+                    }[action]
+                outcome = cache.apply(
+                    key, mode, attributes, forced=forced, correlator=correlator_of(request)
+                )
+                outcomes.append(outcome)
+                if outcome.partial is not None:
+                    errors.append(outcome.partial)
+            except (NotFound, SilboError) as exc:
+                if isinstance(exc, InvalidInput):
+                    raise
+                errors.append(exc)
+        await self.front.publish(outcomes)
+        if not errors:
+            return
+        if not outcomes:
+            if all(isinstance(e, NotFound) for e in errors):
+                raise NotFound(f"{len(errors)} of {len(entities)} entities: {errors[0]}")
+            raise errors[0]
+        raise PartialUpdate(f"{len(errors)} of {len(entities)} entities failed: {errors[0]}")
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    async def create_subscription(self, request: web.Request) -> web.Response:
+        options_of(request)
+        tenant = tenant_of(request)
+        scope = scope_of(request) or DEFAULT_SCOPE
+        parsed = parse_document(await read_json(request), self.front.allow)
+        subscription = await self.front.create(tenant, scope, parsed)
+        return web.Response(
+            status=201, headers={"Location": f"/v2/subscriptions/{subscription.id}"}
+        )
+
+    async def list_subscriptions(self, request: web.Request) -> web.Response:
+        options = options_of(request)
+        tenant = tenant_of(request)
+        scope = scope_of(request)
+        limit = _whole(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = _whole(request, "offset", 0, 0, None)
+        chosen = [
+            s
+            for s in self.front.subscriptions.values()
+            if s.tenant == tenant and (scope is None or s.scope == scope)
+        ]
+        now = _now()
+        page = [s.to_json(now) for s in chosen[offset : offset + limit]]
+        headers = {"Fiware-Total-Count": str(len(chosen))} if "count" in options else {}
+        return web.json_response(page, headers=headers)
+
+    async def get_subscription(self, request: web.Request) -> web.Response:
+        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
+        return web.json_response(subscription.to_json(_now()))
+
+    async def patch_subscription(self, request: web.Request) -> web.Response:
+        options_of(request)
+        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
+        patch = await read_json(request)
+        document = merged(subscription.parsed.document, patch)
+        parsed = parse_document(document, self.front.allow)
+        await self.front.update(subscription, parsed, set(patch))
+        return web.Response(status=204)
+
+    async def delete_subscription(self, request: web.Request) -> web.Response:
+        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
+        await self.front.delete(subscription)
+        return web.Response(status=204)
+
+
+def _batch_entity(body: Any, key_values: bool) -> tuple[str, str | None, Attributes]:
+    if not isinstance(body, dict):
+        raise InvalidUpdate("each entity must be a JSON object")
+    entity_type = body.get("type")
+    entity_id, _default_type, attributes = parse_entity(body, key_values=key_values)
+    return entity_id, (None if entity_type is None else _default_type), attributes
+
+
+def _whole(request: web.Request, name: str, default: int, low: int, high: int | None) -> int:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise InvalidInput(f"Bad pagination limit: /{name}/ must be a whole number {bound}")
+    return int(text)
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

@@ -1,0 +1,439 @@
+"""NGSI v2 subscriptions as the HTTP front takes, keeps and shows them (ngsi-v2.md section 3).
+
+:func:`parse_document` validates a subscription body as Orion does and returns a
+:class:`Parsed`; a PATCH is the stored document with the sent top-level fields replaced,
+validated again whole. :class:`HttpSubscription` is one subscription held by this front:
+what the matchers get (:meth:`HttpSubscription.spec`: entities, scope, q, mq, expires), and
+what only the front uses (alteration types, condition attributes, the notification fields,
+the status keeping of section 5). Condition attributes are not sent to the matchers: the
+front publishes whole entities, so "carries the attribute" says nothing; whether a condition
+attribute *changed* is decided here (:mod:`broker.ngsi.change`).
+
+Status transitions (``status``):
+
+- ``active`` -> ``inactive``: a PATCH, a ``oneshot`` notification sent, or ``failsCounter``
+  over ``maxFailsLimit``;
+- ``oneshot`` -> ``inactive`` once it has notified; ``inactive`` -> ``active`` by PATCH;
+- shown as ``expired`` once ``expires`` is past (whatever it was).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from broker.errors import InvalidInput, InvalidSubscription
+from broker.model.attribute import parse_iso8601
+from broker.model.identifiers import check_identifier
+from broker.model.subscription import (
+    MAX_DESCRIPTION_LENGTH,
+    AttrsFormat,
+    EntitySelector,
+    Subscription,
+)
+from broker.ngsi.allow import AllowList
+from broker.ngsi.change import Alteration
+from broker.ngsi.errors import NotServed
+from broker.wire import client_pb2 as pb
+
+__all__ = ["Channel", "HttpSubscription", "Parsed", "iso", "merged", "parse_document"]
+
+MAX_TIMEOUT_MS = 1_800_000
+DEFAULT_TIMEOUT_MS = 5_000
+_TOP = frozenset({"description", "subject", "notification", "expires", "status", "throttling"})
+_READ_ONLY = frozenset({"id"})
+_SUBJECT = frozenset({"entities", "condition"})
+_SELECTOR = frozenset({"id", "idPattern", "type", "typePattern"})
+_CONDITION = frozenset(
+    {"attrs", "expression", "alterationTypes", "notifyOnMetadataChange", "jexlExpression"}
+)
+_EXPRESSION = frozenset({"q", "mq", "georel", "geometry", "coords"})
+_NOTIFICATION = frozenset(
+    {
+        "attrs",
+        "exceptAttrs",
+        "attrsFormat",
+        "metadata",
+        "onlyChangedAttrs",
+        "covered",
+        "maxFailsLimit",
+        "http",
+        "httpCustom",
+        "mqtt",
+        "mqttCustom",
+        "kafka",
+        "kafkaCustom",
+    }
+)
+_NOTIFICATION_READ_ONLY = frozenset(
+    {
+        "timesSent",
+        "lastNotification",
+        "lastSuccess",
+        "lastSuccessCode",
+        "lastFailure",
+        "lastFailureReason",
+        "failsCounter",
+    }
+)
+_CHANNELS = frozenset({"http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom"})
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+_DEFAULT_ALTERATIONS: tuple[Alteration, ...] = (Alteration.CREATE, Alteration.CHANGE)
+
+
+def iso(epoch: float) -> str:
+    """Orion's timestamps: ISO 8601 in UTC with milliseconds."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidSubscription(f"{what} must be a JSON object")
+    unknown = set(value) - keys
+    if unknown:
+        raise InvalidSubscription(f"{what}: unrecognized field {sorted(unknown)[0]!r}")
+    return value
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidSubscription(f"{what} must be an array of strings")
+    return tuple(value)
+
+
+def _bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidSubscription(f"{what} must be true or false")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidSubscription(f"{what} must be a string")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """Where and how notifications go (``http`` or ``httpCustom``)."""
+
+    custom: bool
+    url: str
+    timeout: float  # seconds
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = ()
+    qs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A validated subscription document and what the front derives from it."""
+
+    document: dict[str, Any]
+    selectors: tuple[EntitySelector, ...]
+    condition_attrs: tuple[str, ...]
+    q: str
+    mq: str
+    alterations: tuple[Alteration, ...]
+    notify_on_metadata: bool
+    channel: Channel
+    attrs: tuple[str, ...]
+    except_attrs: tuple[str, ...]
+    attrs_format: AttrsFormat
+    only_changed: bool
+    covered: bool
+    max_fails_limit: int | None
+    expires: float | None
+    status: str
+    throttling: float
+
+
+def _selectors(entities: Any) -> tuple[EntitySelector, ...]:
+    if not isinstance(entities, list) or not entities:
+        raise InvalidSubscription("subject.entities must be a non-empty array")
+    selectors = []
+    for i, item in enumerate(entities):
+        item = _object(item, f"subject.entities[{i}]", _SELECTOR)
+        for key, value in item.items():
+            _text(value, f"subject.entities[{i}].{key}")
+        selectors.append(
+            EntitySelector(
+                id=item.get("id"),
+                id_pattern=item.get("idPattern"),
+                type=item.get("type"),
+                type_pattern=item.get("typePattern"),
+            )
+        )
+    return tuple(selectors)
+
+
+def _condition(value: Any) -> tuple[tuple[str, ...], str, str, tuple[Alteration, ...], bool]:
+    if value is None:
+        return (), "", "", _DEFAULT_ALTERATIONS, True
+    condition = _object(value, "subject.condition", _CONDITION)
+    if not condition:
+        raise InvalidSubscription("subject.condition must not be empty")
+    if "jexlExpression" in condition:
+        raise NotServed("jexlExpression is not served by Silbo")
+    attrs = _strings(condition.get("attrs", []), "subject.condition.attrs")
+    for name in attrs:
+        check_identifier(name, "condition attribute")
+    q = mq = ""
+    if "expression" in condition:
+        expression = _object(condition["expression"], "subject.condition.expression", _EXPRESSION)
+        if any(k in expression for k in ("georel", "geometry", "coords")):
+            raise NotServed("geographical subscriptions (georel, geometry, coords) are not served")
+        q = _text(expression.get("q", ""), "subject.condition.expression.q")
+        mq = _text(expression.get("mq", ""), "subject.condition.expression.mq")
+    alterations = _DEFAULT_ALTERATIONS
+    if "alterationTypes" in condition:
+        names = _strings(condition["alterationTypes"], "subject.condition.alterationTypes")
+        known = {a.value: a for a in Alteration}
+        for name in names:
+            if name not in known:
+                raise InvalidSubscription(f"unknown alterationType {name!r}")
+        alterations = tuple(known[n] for n in names) or _DEFAULT_ALTERATIONS
+    on_metadata = _bool(
+        condition.get("notifyOnMetadataChange", True), "subject.condition.notifyOnMetadataChange"
+    )
+    return attrs, q, mq, alterations, on_metadata
+
+
+def _timeout(value: Any, what: str) -> float:
+    if value is None:
+        return DEFAULT_TIMEOUT_MS / 1000
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMEOUT_MS:
+        raise InvalidSubscription(f"{what} must be a whole number of ms from 0 to {MAX_TIMEOUT_MS}")
+    return (value or DEFAULT_TIMEOUT_MS) / 1000
+
+
+def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise InvalidSubscription(f"{what} must be an object of strings")
+    return tuple(value.items())
+
+
+def _channel(notification: dict[str, Any], allow: AllowList) -> Channel:
+    channels = [
+        k
+        for k in notification
+        if k in ("http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom")
+    ]
+    if len(channels) != 1:
+        raise InvalidSubscription(
+            "notification needs exactly one of http and httpCustom (mqtt and kafka are not served)"
+        )
+    kind = channels[0]
+    if kind not in ("http", "httpCustom"):
+        raise NotServed(f"{kind} notifications are not served by Silbo; use http or httpCustom")
+    if kind == "http":
+        http = _object(notification["http"], "notification.http", frozenset({"url", "timeout"}))
+        url = _text(http.get("url"), "notification.http.url")
+        allow.check_url(url, "notification.http.url")
+        return Channel(False, url, _timeout(http.get("timeout"), "notification.http.timeout"))
+    keys = frozenset({"url", "headers", "qs", "method", "timeout", "payload", "json", "ngsi"})
+    custom = _object(notification["httpCustom"], "notification.httpCustom", keys)
+    if any(k in custom for k in ("payload", "json", "ngsi")):
+        raise NotServed("httpCustom payload, json and ngsi templates are not served by Silbo")
+    url = _text(custom.get("url"), "notification.httpCustom.url")
+    allow.check_url(url, "notification.httpCustom.url")
+    method = _text(custom.get("method", "POST"), "notification.httpCustom.method").upper()
+    if method not in _METHODS:
+        raise InvalidSubscription(f"notification.httpCustom.method {method!r} is not a method")
+    return Channel(
+        True,
+        url,
+        _timeout(custom.get("timeout"), "notification.httpCustom.timeout"),
+        method,
+        _pairs(custom.get("headers"), "notification.httpCustom.headers"),
+        _pairs(custom.get("qs"), "notification.httpCustom.qs"),
+    )
+
+
+def parse_document(body: Any, allow: AllowList) -> Parsed:
+    """Validate a whole subscription document (InvalidInput or NotServed otherwise)."""
+    document = _object(body, "the subscription", _TOP | _READ_ONLY)
+    document = {k: v for k, v in document.items() if k not in _READ_ONLY}
+    description = _text(document.get("description", ""), "description")
+    if len(description) > MAX_DESCRIPTION_LENGTH:
+        raise InvalidSubscription(f"description is longer than {MAX_DESCRIPTION_LENGTH} characters")
+    if "subject" not in document:
+        raise InvalidSubscription("subject is missing")
+    subject = _object(document["subject"], "subject", _SUBJECT)
+    if "entities" not in subject:
+        raise InvalidSubscription("subject.entities is missing")
+    selectors = _selectors(subject["entities"])
+    condition_attrs, q, mq, alterations, on_metadata = _condition(subject.get("condition"))
+    if "notification" not in document:
+        raise InvalidSubscription("notification is missing")
+    notification = _object(
+        document["notification"], "notification", _NOTIFICATION | _NOTIFICATION_READ_ONLY
+    )
+    channel = _channel(notification, allow)
+    attrs = _strings(notification.get("attrs", []), "notification.attrs")
+    except_attrs = _strings(notification.get("exceptAttrs", []), "notification.exceptAttrs")
+    if "attrs" in notification and "exceptAttrs" in notification:
+        raise InvalidSubscription("notification takes attrs or exceptAttrs, not both")
+    formats = {f.value: f for f in AttrsFormat}
+    format_name = _text(notification.get("attrsFormat", "normalized"), "notification.attrsFormat")
+    if format_name not in formats:
+        raise InvalidSubscription(f"notification.attrsFormat {format_name!r} is not known")
+    covered = _bool(notification.get("covered", False), "notification.covered")
+    if covered and not attrs:
+        raise InvalidSubscription("covered notifications need an explicit notification.attrs")
+    limit = notification.get("maxFailsLimit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidSubscription("notification.maxFailsLimit must be a whole number above 0")
+    _strings(notification.get("metadata", []), "notification.metadata")
+    expires = None
+    if "expires" in document:
+        text = _text(document["expires"], "expires")
+        expires = parse_iso8601(text)
+        if expires is None:
+            raise InvalidSubscription(f"expires {text!r} is not an ISO 8601 date")
+    status = _text(document.get("status", "active"), "status")
+    if status not in ("active", "inactive", "oneshot"):
+        raise InvalidSubscription(f"status {status!r} must be active, inactive or oneshot")
+    throttling = document.get("throttling", 0)
+    if isinstance(throttling, bool) or not isinstance(throttling, int | float) or throttling < 0:
+        raise InvalidSubscription("throttling must be a number of seconds, not negative")
+    # the matchers' view, validated by the model (q and mq parse, patterns compile)
+    Subscription("check", selectors, q=q, mq=mq)
+    return Parsed(
+        document,
+        selectors,
+        condition_attrs,
+        q,
+        mq,
+        alterations,
+        on_metadata,
+        channel,
+        attrs,
+        except_attrs,
+        formats[format_name],
+        _bool(notification.get("onlyChangedAttrs", False), "notification.onlyChangedAttrs"),
+        covered,
+        limit,
+        expires,
+        status,
+        float(throttling),
+    )
+
+
+def merged(document: Mapping[str, Any], patch: Any) -> dict[str, Any]:
+    """A PATCH applied: the top-level fields sent replace the stored ones."""
+    if not isinstance(patch, dict) or not patch:
+        raise InvalidInput("a subscription PATCH needs a non-empty JSON object")
+    unknown = set(patch) - _TOP
+    if unknown:
+        raise InvalidSubscription(f"unrecognized field {sorted(unknown)[0]!r}")
+    return {**document, **patch}
+
+
+@dataclass(eq=False, slots=True)
+class HttpSubscription:
+    """One subscription held by this front, with its delivery status (see the module doc)."""
+
+    id: str
+    tenant: str
+    scope: str
+    parsed: Parsed
+    handle: int = 0
+    status: str = "active"
+    times_sent: int = 0
+    last_notification: float | None = None
+    last_success: float | None = None
+    last_success_code: int | None = None
+    last_failure: float | None = None
+    last_failure_reason: str = ""
+    fails_counter: int = 0
+    dropped: int = 0  # notifications refused because its queue was full (not Orion's)
+    created: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.status = self.parsed.status
+
+    def spec(self) -> pb.SubscriptionSpec:
+        """What the matchers get (condition attributes excluded: see the module doc)."""
+        p = self.parsed
+        spec = pb.SubscriptionSpec(
+            id=self.id,
+            tenant=self.tenant,
+            service_path=self.scope,
+            q=p.q,
+            mq=p.mq,
+            expires=p.expires or 0.0,
+        )
+        for s in p.selectors:
+            spec.entities.add(
+                id=s.id or "",
+                id_pattern=s.id_pattern or "",
+                type=s.type or "",
+                type_pattern=s.type_pattern or "",
+            )
+        return spec
+
+    def expired(self, now: float) -> bool:
+        """Tell whether ``expires`` is past."""
+        return self.parsed.expires is not None and self.parsed.expires <= now
+
+    def shown_status(self, now: float) -> str:
+        """The status GET shows (``expired`` once past ``expires``)."""
+        return "expired" if self.expired(now) else self.status
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        """The subscription as GET /v2/subscriptions shows it (Orion's shape)."""
+        p = self.parsed
+        doc = p.document
+        out: dict[str, Any] = {"id": self.id}
+        if doc.get("description"):
+            out["description"] = doc["description"]
+        condition: dict[str, Any] = {
+            "attrs": list(p.condition_attrs),
+            "notifyOnMetadataChange": p.notify_on_metadata,
+        }
+        given = doc["subject"].get("condition") or {}
+        if "expression" in given:
+            condition["expression"] = given["expression"]
+        if "alterationTypes" in given:
+            condition["alterationTypes"] = given["alterationTypes"]
+        out["subject"] = {"entities": doc["subject"]["entities"], "condition": condition}
+        notification: dict[str, Any] = {}
+        if p.except_attrs:
+            notification["exceptAttrs"] = list(p.except_attrs)
+        else:
+            notification["attrs"] = list(p.attrs)
+        notification["onlyChangedAttrs"] = p.only_changed
+        notification["attrsFormat"] = p.attrs_format.value
+        channel = "httpCustom" if p.channel.custom else "http"
+        notification[channel] = doc["notification"][channel]
+        if "metadata" in doc["notification"]:
+            notification["metadata"] = doc["notification"]["metadata"]
+        notification["covered"] = p.covered
+        if p.max_fails_limit is not None:
+            notification["maxFailsLimit"] = p.max_fails_limit
+        if self.times_sent:
+            notification["timesSent"] = self.times_sent
+        if self.last_notification is not None:
+            notification["lastNotification"] = iso(self.last_notification)
+        if self.last_failure is not None:
+            notification["lastFailure"] = iso(self.last_failure)
+            notification["lastFailureReason"] = self.last_failure_reason
+        if self.last_success is not None:
+            notification["lastSuccess"] = iso(self.last_success)
+            notification["lastSuccessCode"] = self.last_success_code
+        if self.fails_counter:
+            notification["failsCounter"] = self.fails_counter
+        out["notification"] = notification
+        if "expires" in doc:
+            out["expires"] = iso(p.expires or 0.0)
+        out["status"] = self.shown_status(now)
+        if p.throttling:
+            out["throttling"] = doc["throttling"]
+        return out

@@ -1,0 +1,226 @@
+"""Helpers of the NGSI v2 front's tests: a real HTTP notification receiver, an HTTP caller,
+and one cluster with the HTTP front for the whole module (tests keep apart by tenant).
+
+Imported by the test modules as ``from ngsi.conftest import ...``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.embedded import EmbeddedZooKeeper
+
+__all__ = ["Answer", "Front", "Notification", "Receiver", "free_port", "tenant"]
+
+WAIT = 20.0  # seconds for a notification to arrive
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tenant() -> str:
+    """A fresh tenant: what keeps the tests sharing a cluster apart."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One request the receiver got."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer of the front."""
+
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+    def header(self, name: str) -> str | None:
+        """A header, case-insensitively."""
+        for key, value in self.headers.items():
+            if key.lower() == name.lower():
+                return value
+        return None
+
+
+class Receiver:
+    """An HTTP notification receiver on loopback, in a thread; records every request."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.status = 200
+        self._got: list[Notification] = []
+        self._changed = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.start()
+
+    def url(self, path: str = "/notify") -> str:
+        """The URL of ``path`` on this receiver."""
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self) -> None:
+        """Listen (again) on the receiver's port."""
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    def stop(self) -> None:
+        """Stop listening: notifications to it fail with a refused connection."""
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._runner = None
+
+    def close(self) -> None:
+        """Stop listening and end the thread."""
+        self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def received(self) -> list[Notification]:
+        """Everything received so far, in arrival order."""
+        with self._changed:
+            return list(self._got)
+
+    def wait_for(self, count: int, timeout: float = WAIT) -> list[Notification]:
+        """Wait until at least ``count`` requests have arrived; all of them."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._got) < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(
+                        f"{len(self._got)} notifications within {timeout:.0f} s, not {count}: "
+                        f"{self._got}"
+                    )
+                self._changed.wait(remaining)
+            return list(self._got)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        data = await request.read()
+        body = json.loads(data) if data else None
+        got = Notification(
+            request.method, request.path, dict(request.query), dict(request.headers), body
+        )
+        with self._changed:
+            self._got.append(got)
+            self._changed.notify_all()
+        return web.Response(status=self.status)
+
+
+class Front:
+    """Calls to one NGSI v2 front over plain http.client (so requests can be malformed)."""
+
+    def __init__(self, address: str, cluster: LocalCluster | None = None) -> None:
+        self.cluster = cluster
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Wait until the front answers (a connection point serves HTTP once registered)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.call("GET", "/version").status == 200:
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> Answer:
+        """One request; ``body`` is sent as JSON, ``raw`` as it is."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            sent = dict(headers or {})
+            data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+            if data is not None:
+                sent.setdefault("Content-Type", content_type)
+                sent.setdefault("Content-Length", str(len(data)))
+            elif method in ("POST", "PUT", "PATCH"):
+                sent.setdefault("Content-Length", "0")
+            connection.putrequest(method, path, skip_accept_encoding=True)
+            for key, value in sent.items():
+                connection.putheader(key, value)
+            connection.endheaders(data)
+            response = connection.getresponse()
+            payload = response.read()
+            parsed = json.loads(payload) if payload else None
+            return Answer(response.status, dict(response.getheaders()), parsed)
+        finally:
+            connection.close()
+
+
+@pytest.fixture(scope="module")
+def front(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """One cluster for the module, its connection point serving HTTP on a free port."""
+    name = f"ngsi-{uuid.uuid4().hex[:10]}"
+    spec = ClusterSpec(
+        zk=zookeeper.address,
+        cluster=name,
+        grpc_port=0,
+        http_port=free_port(),
+        state_dir=Path(tmp_path_factory.mktemp(name)),
+    )
+    cluster = LocalCluster(spec)
+    try:
+        description = cluster.start()
+        served = Front(description["http_endpoints"][0], cluster)
+        served.wait_serving()
+        yield served
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A notification receiver for one test."""
+    server = Receiver()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,34 @@
+"""The options that turn the HTTP front on: validated before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from broker.cluster import ClusterSpec
+from broker.errors import InvalidInput
+from broker.runtime.options import ProcessOptions, Role
+
+
+def test_http_listen_is_an_address_of_a_connection_point() -> None:
+    ProcessOptions(Role.CONNECTION_POINT, zk="h:1", http_listen="127.0.0.1:0")
+    with pytest.raises(InvalidInput, match="--http-listen"):
+        ProcessOptions(Role.CONNECTION_POINT, zk="h:1", http_listen="nonsense")
+    with pytest.raises(InvalidInput, match="connection points only"):
+        ProcessOptions(Role.MATCHER, zk="h:1", http_listen="127.0.0.1:0")
+
+
+@pytest.mark.parametrize("port", [-1, 65536])
+def test_http_port_of_a_cluster(port: int) -> None:
+    with pytest.raises(InvalidInput, match="--http-port"):
+        ClusterSpec(http_port=port)
+
+
+def test_a_bad_allow_entry_stops_silbo_run_at_once() -> None:
+    command = [sys.executable, "-m", "broker.cli", "run", "connection-point", "--zk", "h:1"]
+    command += ["--http-listen", "127.0.0.1:0", "--notify-allow", "http://x/"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "not a CIDR, address or host name" in done.stderr

@@ -1,0 +1,261 @@
+"""The front's parts without a cluster: entities, the last values, change notes, the
+allow-list and subscription documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.errors import AlreadyExists, InvalidInput, NotFound
+from broker.model.subscription import AttrsFormat
+from broker.ngsi.allow import AllowList
+from broker.ngsi.cache import LastValues, Mode
+from broker.ngsi.change import Alteration, Change, read_change, with_change
+from broker.ngsi.entity import parse_entity, parse_text_value, render, to_wire
+from broker.ngsi.errors import NotServed, PartialUpdate, TooManyResults, Unprocessable
+from broker.ngsi.subscriptions import merged, parse_document
+from broker.wire import client_pb2 as pb
+
+
+def attr(value: Any, type_: str = "Number", **metadata: Any) -> dict[str, Any]:
+    return {"type": type_, "value": value, "metadata": metadata}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [('"hi"', "hi"), ("true", True), ("false", False), ("null", None), ("42", 42), ("-1.5", -1.5)],
+)
+def test_text_plain_values(text: str, value: Any) -> None:
+    assert parse_text_value(text) == value
+    assert type(parse_text_value(text)) is type(value)
+
+
+def test_text_plain_refuses_bare_words() -> None:
+    with pytest.raises(InvalidInput):
+        parse_text_value("hello")
+
+
+def test_entities_get_orions_defaults() -> None:
+    entity_id, entity_type, attributes = parse_entity(
+        {
+            "id": "E",
+            "a": {"value": "x"},
+            "b": {},
+            "c": {"value": [1], "metadata": {"m": {"value": 1}}},
+        },
+        key_values=False,
+    )
+    assert (entity_id, entity_type) == ("E", "Thing")
+    assert attributes == {
+        "a": attr("x", "Text"),
+        "b": attr(None, "None"),
+        "c": {
+            "type": "StructuredValue",
+            "value": [1],
+            "metadata": {"m": {"type": "Number", "value": 1}},
+        },
+    }
+    _i, _t, key_values = parse_entity({"id": "E", "type": "T", "a": 1.5}, key_values=True)
+    assert key_values == {"a": attr(1.5)}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "E", "x": {"value": "<script>"}},
+        {"id": "E", "x": {"value": {"k": "a=b"}}},
+        {"id": "E", "x": {"value": 1, "metadata": {"m": {"value": "'q'"}}}},
+        {"id": "E", "id2": 1, "type": "bad/type"},
+        {"id": "E", "x": {"value": 1, "type": "a b"}},
+    ],
+)
+def test_forbidden_characters(body: dict[str, Any]) -> None:
+    with pytest.raises(InvalidInput):
+        parse_entity(body, key_values=False)
+
+
+def test_render_formats_and_filters() -> None:
+    attributes = {"a": attr(1), "b": attr("x", "Text"), "c": attr(True, "Boolean")}
+    assert render("E", "T", attributes, AttrsFormat.KEY_VALUES, attrs=["c", "a"]) == {
+        "id": "E",
+        "type": "T",
+        "c": True,
+        "a": 1,
+    }
+    assert render("E", "T", attributes, AttrsFormat.VALUES, except_attrs=["b"]) == [1, True]
+    normalized = render("E", "T", attributes, AttrsFormat.NORMALIZED, attrs=["missing"])
+    assert normalized == {"id": "E", "type": "T"}
+
+
+def test_the_change_note_travels_in_the_entity_bytes() -> None:
+    entity = to_wire("E", "T", "t", "/a", {"x": attr(1)})
+    change = Change(Alteration.CHANGE, frozenset({"x"}), frozenset({"y"}), frozenset({"x"}), "c1")
+    data = with_change(entity, change).SerializeToString()
+    copy = pb.Entity.FromString(data)
+    copy.type = "T2"  # what a connection point does while normalising: the note survives
+    again = copy.SerializeToString()
+    assert read_change(again, pb.Entity.FromString(again)) == change
+
+
+def test_an_entity_without_a_note_changed_everything_it_carries() -> None:
+    entity = to_wire("E", "T", "", "/", {"x": attr(1), "y": attr(2)})
+    change = read_change(entity.SerializeToString(), entity)
+    assert change.alteration is Alteration.CHANGE
+    assert change.changed == {"x", "y"}
+
+
+@pytest.mark.parametrize(
+    ("change", "condition", "metadata", "fires"),
+    [
+        (Change(Alteration.CREATE, frozenset({"a"})), (), True, True),
+        (Change(Alteration.CHANGE, frozenset({"a"})), ("b",), True, False),
+        (Change(Alteration.CHANGE, frozenset(), frozenset({"b"})), ("b",), True, True),
+        (Change(Alteration.CHANGE, frozenset(), frozenset({"b"})), ("b",), False, False),
+        (Change(Alteration.UPDATE, requested=frozenset({"b"})), ("b",), True, True),
+        (Change(Alteration.UPDATE, requested=frozenset({"a"})), ("b",), True, False),
+        (Change(Alteration.DELETE), ("b",), True, True),
+    ],
+)
+def test_when_a_change_fires(
+    change: Change, condition: tuple[str, ...], metadata: bool, fires: bool
+) -> None:
+    assert change.fires(condition, metadata) is fires
+
+
+KEY = ("", "/", "E", "T")
+
+
+def test_last_values_tell_create_change_update_and_delete() -> None:
+    cache = LastValues()
+    created = cache.apply(KEY, Mode.UPSERT, {"a": attr(1)})
+    assert created.change.alteration is Alteration.CREATE
+    same = cache.apply(KEY, Mode.APPEND, {"a": attr(1)})
+    assert same.change.alteration is Alteration.UPDATE
+    forced = cache.apply(KEY, Mode.APPEND, {"a": attr(1)}, forced=True)
+    assert forced.change.alteration is Alteration.CHANGE
+    typed = cache.apply(KEY, Mode.UPDATE, {"a": attr(True, "Boolean")})
+    assert typed.change.changed == {"a"}
+    meta = cache.apply(KEY, Mode.UPDATE, {"a": attr(True, "Boolean", m={"type": "T", "value": 1})})
+    assert (meta.change.changed, meta.change.meta_changed) == (frozenset(), frozenset({"a"}))
+    appended = cache.apply(KEY, Mode.APPEND, {"b": attr(2)})
+    assert appended.attributes.keys() == {"a", "b"}
+    assert appended.attributes["a"]["metadata"] == {"m": {"type": "T", "value": 1}}
+    removed = cache.apply(KEY, Mode.DELETE_ATTRIBUTES, {"a": {}})
+    assert (set(removed.attributes), removed.change.changed) == ({"b"}, frozenset({"a"}))
+    deleted = cache.apply(KEY, Mode.DELETE_ENTITY, {})
+    assert deleted.change.alteration is Alteration.DELETE
+    assert deleted.attributes == {"b": attr(2)}
+    assert cache.get(KEY) is None
+
+
+def test_last_values_answer_as_orion() -> None:
+    cache = LastValues()
+    with pytest.raises(NotFound):
+        cache.apply(KEY, Mode.UPDATE, {"a": attr(1)})
+    cache.apply(KEY, Mode.CREATE, {"a": attr(1)})
+    with pytest.raises(AlreadyExists):
+        cache.apply(KEY, Mode.CREATE, {})
+    with pytest.raises(Unprocessable):
+        cache.apply(KEY, Mode.APPEND_STRICT, {"a": attr(2)})
+    partial = cache.apply(KEY, Mode.APPEND_STRICT, {"a": attr(2), "b": attr(2)})
+    assert isinstance(partial.partial, PartialUpdate)
+    assert partial.attributes["a"]["value"] == 1  # the existing one untouched
+    with pytest.raises(NotFound):
+        cache.apply(KEY, Mode.REPLACE_ATTRIBUTE, {"zz": attr(1)})
+    cache.apply(("", "/", "E", "Other"), Mode.CREATE, {})
+    with pytest.raises(TooManyResults):
+        cache.resolve("", "/", "E", None)
+
+
+def test_last_values_are_bounded() -> None:
+    cache = LastValues(limit=2)
+    for name in "abc":
+        cache.apply(("", "/", name, "T"), Mode.UPSERT, {})
+    assert len(cache) == 2
+    assert cache.get(("", "/", "a", "T")) is None
+    assert cache.resolve("", "/", "a", None) == ("", "/", "a", "Thing")
+
+
+@pytest.mark.parametrize(
+    ("entries", "host", "allowed"),
+    [
+        ((), "127.0.0.1", True),
+        ((), "127.9.9.9", True),
+        ((), "::1", True),
+        ((), "localhost", True),
+        ((), "10.0.0.1", False),
+        ((), "example.com", False),
+        (("10.0.0.0/8",), "10.2.3.4", True),
+        (("receiver.example.com",), "receiver.example.com", True),
+        (("*.example.com",), "a.b.example.com", True),
+        (("*.example.com",), "example.com.evil.org", False),
+        (("*",), "anything.org", True),
+    ],
+)
+def test_allow_list(entries: tuple[str, ...], host: str, allowed: bool) -> None:
+    assert AllowList.parse(entries).allows(host) is allowed
+
+
+def test_allow_list_refuses_nonsense() -> None:
+    with pytest.raises(InvalidInput, match="not a CIDR"):
+        AllowList.parse(["http://x/"])
+
+
+ALLOW = AllowList.parse()
+BASE: dict[str, Any] = {
+    "subject": {"entities": [{"idPattern": ".*", "type": "Room"}]},
+    "notification": {"http": {"url": "http://localhost:1234/n"}},
+}
+
+
+def test_subscription_defaults() -> None:
+    parsed = parse_document(BASE, ALLOW)
+    assert parsed.alterations == (Alteration.CREATE, Alteration.CHANGE)
+    assert parsed.attrs_format is AttrsFormat.NORMALIZED
+    assert (parsed.status, parsed.throttling, parsed.expires) == ("active", 0.0, None)
+    assert parsed.channel.timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"subject": {"entities": [{"id": "a"}], "condition": {"jexlExpression": "x"}}}, NotServed),
+        (
+            {
+                "subject": {
+                    "entities": [{"id": "a"}],
+                    "condition": {"expression": {"georel": "near"}},
+                }
+            },
+            NotServed,
+        ),
+        ({"notification": {"httpCustom": {"url": "http://localhost/", "payload": "x"}}}, NotServed),
+        (
+            {"notification": {"http": {"url": "http://localhost/", "timeout": 1_800_001}}},
+            InvalidInput,
+        ),
+        ({"notification": {"http": {"url": "http://localhost/"}, "covered": True}}, InvalidInput),
+        (
+            {"notification": {"httpCustom": {"url": "http://localhost/", "method": "BREW"}}},
+            InvalidInput,
+        ),
+        ({"description": "x" * 1025}, InvalidInput),
+        (
+            {"subject": {"entities": [{"id": "a"}], "condition": {"alterationTypes": ["x"]}}},
+            InvalidInput,
+        ),
+    ],
+)
+def test_subscription_refusals(change: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        parse_document({**BASE, **change}, ALLOW)
+
+
+def test_a_patch_replaces_top_level_fields() -> None:
+    document = merged(BASE, {"throttling": 5})
+    assert parse_document(document, ALLOW).throttling == 5.0
+    with pytest.raises(InvalidInput):
+        merged(BASE, {})
+    with pytest.raises(InvalidInput):
+        merged(BASE, {"id": "other"})
