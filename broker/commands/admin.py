@@ -29,6 +29,7 @@ from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
+from broker.coordination.scale import read_state
 from broker.coordination.scaling import LAYERS as SCALABLE
 from broker.coordination.scaling import ScaleOutcome, scale_layer, serving
 from broker.errors import InvalidInput, SilboError
@@ -186,6 +187,7 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
     try:
         found = members(client)
         current = ClusterConfiguration(client).read()
+        scale = read_state(client)
     finally:
         client.stop()
         client.close()
@@ -218,14 +220,25 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
                 }
         processes.append(entry)
     configuration = current.configuration if current else None
-    return {
+    status: dict[str, Any] = {
         "cluster": cluster,
         "zookeeper": hosts,
         "epoch": configuration.epoch if configuration else None,
         "matchers": list(configuration.matchers) if configuration else [],
         "layers": {layer: sum(1 for p in processes if p["role"] == layer) for layer in LAYERS},
         "processes": processes,
+        "scale": None,  # or what /scale holds, in words
     }
+    plan = scale.plan
+    if plan is not None:
+        what = f"{plan.id} ({plan.layer}, epoch {plan.old.epoch} -> {plan.new.epoch})"
+        ending = "finished by its participants" if scale.switched else "rolled back"
+        status["scale"] = (
+            f"running {what}"
+            if scale.owned
+            else f"stale plan {what}: its coordinator died; {ending}; the next scale removes it"
+        )
+    return status
 
 
 def _ask_all(found: Sequence[Member]) -> dict[str, wire.ProcessStatus]:

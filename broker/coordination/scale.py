@@ -5,8 +5,9 @@ Layout (under the cluster's chroot)::
     /scale                      persistent while a scale runs; JSON: the plan
         {"id": "...", "layer": "matchers", "old": <configuration>, "new": <configuration>,
          "connection_points": [], "started": 1763750000.5}
-    /scale/owner                ephemeral: the coordinator's session (a scale without it is
-                                stale: its coordinator died)
+    /scale/owner                ephemeral, created with /scale: the coordinator's session; data:
+                                the plan id (a plan without its owner is stale: its coordinator
+                                died)
     /scale/ready/<matcher>      each matcher of the new configuration once it holds its parts;
                                 JSON {"moved": n, "bytes": b} received
     /scale/done/<matcher>       each matcher of the old configuration once every access point
@@ -18,6 +19,15 @@ Layout (under the cluster's chroot)::
                                 wants it
 
 Only one scale at a time: :func:`begin` creates ``/scale`` or fails with ScaleInProgress.
+
+What participants follow (:func:`read_state`, ``ScaleState.followed``): the plan while its
+owner lives. A plan whose owner is gone is stale; participants still follow it when the
+configuration has reached its epoch (the coordinator died after the switch: they finish the
+scale on their own) and otherwise treat it as ended, rolled back. A stale plan stays until
+the next :func:`begin` removes it.
+
+Calls that take a ``timeout`` give up after that many seconds (ZooKeeperUnavailable); without
+one, a call made while the connection is down waits for it to come back.
 """
 
 from __future__ import annotations
@@ -26,31 +36,52 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.protocol.states import WatchedEvent
 
-from broker.coordination.configuration import Configuration
-from broker.coordination.errors import CoordinationError, CorruptCoordinationData, translated
+from broker.coordination.configuration import CONFIG, Configuration, VersionedConfiguration
+from broker.coordination.errors import (
+    ConfigurationConflict,
+    CoordinationError,
+    CorruptCoordinationData,
+    translated,
+)
 
 __all__ = [
+    "OWNER",
     "SCALE",
     "ScaleInProgress",
+    "ScaleOwnerGone",
     "ScalePlan",
+    "ScaleState",
     "begin",
     "finish",
     "read_plan",
+    "read_state",
     "report",
     "reports",
+    "state_of",
+    "switch",
 ]
 
+Watcher = Callable[[WatchedEvent], None]
+
 SCALE = "/scale"
+OWNER = f"{SCALE}/owner"
+_STAGES = ("ready", "done", "drained", "moved")
 
 
 class ScaleInProgress(CoordinationError):
     """Another scale is running; one runs at a time."""
+
+
+class ScaleOwnerGone(CoordinationError):
+    """The plan's owner znode is gone: the coordinator's session ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +156,9 @@ def begin(client: KazooClient, plan: ScalePlan) -> None:
             client.delete(SCALE, recursive=True)  # its coordinator died: stale
         transaction = client.transaction()
         transaction.create(SCALE, plan.encode())
-        transaction.create(f"{SCALE}/ready")
-        transaction.create(f"{SCALE}/done")
-        transaction.create(f"{SCALE}/drained")
-        transaction.create(f"{SCALE}/moved")
-        transaction.create(f"{SCALE}/owner", plan.id.encode(), ephemeral=True)
+        for stage in _STAGES:
+            transaction.create(f"{SCALE}/{stage}")
+        transaction.create(OWNER, plan.id.encode(), ephemeral=True)
         results = transaction.commit()
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
@@ -148,6 +177,103 @@ def read_plan(client: KazooClient) -> ScalePlan | None:
     return ScalePlan.decode(data)
 
 
+@dataclass(frozen=True, slots=True)
+class ScaleState:
+    """``/scale`` as read: the plan (None: no scale), whether its coordinator's session lives
+    (its owner znode names it) and, for a plan whose owner is gone, whether the
+    configuration had reached its epoch."""
+
+    plan: ScalePlan | None
+    owned: bool = False
+    switched: bool = False
+
+    @property
+    def followed(self) -> ScalePlan | None:
+        """The plan participants follow: while its owner lives, or after the switch."""
+        if self.plan is None or not (self.owned or self.switched):
+            return None
+        return self.plan
+
+    @property
+    def stale(self) -> bool:
+        """A plan is there but its coordinator died."""
+        return self.plan is not None and not self.owned
+
+
+def read_state(
+    client: KazooClient, *, timeout: float | None = None, watch: Watcher | None = None
+) -> ScaleState:
+    """Read ``/scale``, then (:func:`state_of`) what decides whether it is followed."""
+    with translated("read the scale plan"):
+        try:
+            data, _stat = _wait(client.get_async(SCALE), timeout)
+        except NoNodeError:
+            data = None
+    return state_of(client, data, timeout=timeout, watch=watch)
+
+
+def state_of(
+    client: KazooClient,
+    data: bytes | None,
+    *,
+    timeout: float | None = None,
+    watch: Watcher | None = None,
+) -> ScaleState:
+    """The state of the plan whose data (None: no plan) was just read: its owner is read
+    after it (begin creates both at once, so an owner missing then means a dead
+    coordinator), and the configuration only for a plan without owner.
+
+    ``watch`` is set on the owner by the same read when it exists: it is called once the
+    owner goes (however soon: a watch set later could miss it).
+    """
+    if data is None:
+        return ScaleState(None)
+    plan = ScalePlan.decode(data)
+    with translated("read the scale plan's owner"):
+        try:
+            owner, _stat = _wait(client.get_async(OWNER, watch=watch), timeout)
+        except NoNodeError:
+            owner = b""
+        if owner == plan.id.encode():
+            return ScaleState(plan, owned=True)
+        try:
+            config, _stat = _wait(client.get_async(CONFIG), timeout)
+        except NoNodeError:
+            config = None
+    switched = config is not None and Configuration.decode(config).epoch >= plan.new.epoch
+    return ScaleState(plan, switched=switched)
+
+
+def switch(
+    client: KazooClient,
+    current: VersionedConfiguration,
+    new: Configuration,
+    *,
+    timeout: float | None = None,
+) -> None:
+    """Compare-and-set the configuration to ``new``, only while the plan's owner exists.
+
+    ConfigurationConflict if the configuration changed since ``current`` was read,
+    ScaleOwnerGone if the owner is gone (the coordinator's session ended), ZooKeeperUnavailable
+    if the answer was lost (read the configuration to learn whether it was written).
+    """
+    with translated(f"write the cluster configuration of epoch {new.epoch}"):
+        transaction = client.transaction()
+        transaction.check(OWNER, 0)  # the owner is never written: version 0 while it exists
+        transaction.set_data(CONFIG, new.encode(), current.version)
+        results = _wait(transaction.commit_async(), timeout)
+    owner, config = results
+    if isinstance(owner, NoNodeError):
+        raise ScaleOwnerGone("the scale's owner is gone: the coordinator's session ended")
+    if isinstance(config, (BadVersionError, NoNodeError)):
+        raise ConfigurationConflict(
+            f"the cluster configuration changed since epoch {current.epoch} was read"
+        )
+    for result in results:
+        if isinstance(result, Exception):
+            raise CoordinationError(f"the switch to epoch {new.epoch} failed: {result!r}")
+
+
 def report(client: KazooClient, stage: str, name: str, body: Mapping[str, float]) -> None:
     """A participant reports a stage (``ready`` or ``done``) of the running scale."""
     with translated(f"report {stage} for {name}"):
@@ -159,24 +285,61 @@ def report(client: KazooClient, stage: str, name: str, body: Mapping[str, float]
             pass  # the scale ended (rolled back) meanwhile
 
 
-def reports(client: KazooClient, stage: str) -> dict[str, dict[str, float]]:
+def reports(
+    client: KazooClient, stage: str, *, timeout: float | None = None
+) -> dict[str, dict[str, float]]:
     """The reports of a stage so far, by participant."""
     found: dict[str, dict[str, float]] = {}
     with translated(f"read the {stage} reports"):
         try:
-            names = client.get_children(f"{SCALE}/{stage}")
+            names = _wait(client.get_children_async(f"{SCALE}/{stage}"), timeout)
         except NoNodeError:
             return found
         for name in names:
             try:
-                data, _stat = client.get(f"{SCALE}/{stage}/{name}")
+                data, _stat = _wait(client.get_async(f"{SCALE}/{stage}/{name}"), timeout)
             except NoNodeError:
                 continue
-            found[name] = json.loads(data) if data else {}
+            try:
+                found[name] = json.loads(data) if data else {}
+            except ValueError as exc:
+                raise CorruptCoordinationData(f"the {stage} report of {name}: {exc}") from exc
     return found
 
 
-def finish(client: KazooClient) -> None:
-    """Remove the scale's znodes (it completed or was rolled back)."""
-    with translated("end the scale"), contextlib.suppress(NoNodeError):
-        client.delete(SCALE, recursive=True)
+def finish(
+    client: KazooClient, plan_id: str | None = None, *, timeout: float | None = None
+) -> bool:
+    """Remove the scale's znodes in one transaction (it completed or was rolled back).
+
+    With ``plan_id``, only that plan's: False if another plan is there (it is left alone).
+    """
+    for _attempt in range(5):
+        with translated("end the scale"):
+            try:
+                data, _stat = _wait(client.get_async(SCALE), timeout)
+            except NoNodeError:
+                return True
+            if plan_id is not None and ScalePlan.decode(data).id != plan_id:
+                return False
+            transaction = client.transaction()
+            for child in _wait(client.get_children_async(SCALE), timeout):
+                path = f"{SCALE}/{child}"
+                with contextlib.suppress(NoNodeError):
+                    for leaf in _wait(client.get_children_async(path), timeout):
+                        transaction.delete(f"{path}/{leaf}")
+                transaction.delete(path)
+            transaction.delete(SCALE)
+            results = _wait(transaction.commit_async(), timeout)
+        if not any(isinstance(r, Exception) for r in results):
+            return True
+        if not any(isinstance(r, (NotEmptyError, NoNodeError)) for r in results):
+            raise CoordinationError(f"could not end the scale: {results!r}")
+        # a report arrived (or went) meanwhile: list again
+    raise CoordinationError("could not end the scale: its reports kept changing")
+
+
+def _wait(result: Any, timeout: float | None) -> Any:
+    """The value of one of kazoo's asynchronous results (its exception raised), waiting at
+    most ``timeout`` seconds (kazoo's timeout exception, which translated() maps)."""
+    return result.get(timeout=timeout)

@@ -49,6 +49,7 @@ _log = logging.getLogger(__name__)
 _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
 COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
+_SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a matcher's parts
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
@@ -365,12 +366,17 @@ class Matcher(wire_grpc.MatcherServicer):
                 await link.send(payload)
 
     def _scaling_for(self, plan: ScalePlan) -> _Scaling:
-        if self._scaling is None or self._scaling.plan.id != plan.id:
-            self._scaling = _Scaling(plan)
+        previous = self._scaling
+        if previous is None or previous.plan.id != plan.id:
+            if previous is not None:  # its end has not reached this matcher's view yet
+                self._settle(previous, completed=plan.old.epoch >= previous.plan.new.epoch)
+            scaling = self._scaling = _Scaling(plan)
             pending, self._pending_parts = self._pending_parts, []
             for part in pending:
-                self._load(part)
-        return self._scaling
+                if part.plan == plan.id:
+                    self._load(part)
+            return scaling
+        return previous
 
     def _access_point_names(self) -> set[str]:
         assert self._access_points is not None
@@ -404,17 +410,20 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
         # Sent without holding the lock: two matchers sending each other parts would
         # otherwise wait for each other forever. Matching goes on meanwhile.
-        task = ctx.loop.create_task(self._send_parts(scaling, parts))
+        task = ctx.loop.create_task(self._send_parts(scaling, parts), name=_SENDING_PARTS)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send_parts(self, scaling: _Scaling, parts: dict[str, bytes]) -> None:
         ctx = self._ctx()
-        epoch = scaling.plan.new.epoch
+        plan = scaling.plan
         try:
             await asyncio.gather(
                 *(
-                    self._transfer(owner, wire.Part(sender=ctx.name, epoch=epoch, data=data))
+                    self._transfer(
+                        owner,
+                        wire.Part(sender=ctx.name, epoch=plan.new.epoch, data=data, plan=plan.id),
+                    )
                     for owner, data in parts.items()
                 )
             )
@@ -440,13 +449,13 @@ class Matcher(wire_grpc.MatcherServicer):
     async def Transfer(
         self, part: wire.Part, context: grpc.aio.ServicerContext[wire.Part, wire.Empty]
     ) -> wire.Empty:
-        _log.info("a part arrives from %s (epoch %d)", part.sender, part.epoch)
+        _log.info("a part of plan %s arrives from %s", part.plan, part.sender)
         async with self._lock:
             plan = self._scale_view.plan if self._scale_view else None
-            if self._scaling is None and plan is not None and plan.new.epoch == part.epoch:
+            if plan is not None and plan.id == part.plan:
                 self._scaling_for(plan)
-            if self._scaling is None or self._scaling.plan.new.epoch != part.epoch:
-                self._pending_parts.append(part)  # the plan has not reached us yet
+            if self._scaling is None or self._scaling.plan.id != part.plan:
+                self._pending_parts.append(part)  # its plan has not reached us yet
                 _log.info("scale: part from %s waits for its plan", part.sender)
                 return wire.Empty()
             self._load(part)
@@ -492,22 +501,17 @@ class Matcher(wire_grpc.MatcherServicer):
 
     async def _finish(self, scaling: _Scaling) -> None:
         """Every access point switched: drop what moved away, count everything again."""
-        for subscription_id in scaling.moved_out:
-            if subscription_id in self._engine:
-                self._engine.remove(subscription_id)
-                self._handle_of.pop(subscription_id, None)
-        self._in_old[:] = True
-        self._in_new[:] = True
-        self._scaling = None
+        self._settle(scaling, completed=True)
         ctx = self._ctx()
-        ctx.metrics.subscriptions.set(len(self._engine))
         body = {"moved": len(scaling.moved_out)}
         await asyncio.to_thread(scale_report, ctx.zk, "done", ctx.name, body)
 
     def _follow_scale(self) -> None:
-        """The plan changed: a new one may let parts waiting for it in; a vanished one whose
-        epoch never became the configuration's was rolled back: undo what it did here."""
-        plan = self._scale_view.plan if self._scale_view else None
+        """The plan changed: a new one may let parts waiting for it in. One that ended (the
+        coordinator removed it, or died) whose epoch never became the configuration's was
+        rolled back: undo what it did here and send no more of its parts."""
+        view = self._scale_view
+        plan = view.plan if view else None
         scaling = self._scaling
         if plan is not None:
             if self._pending_parts and scaling is None:
@@ -515,27 +519,53 @@ class Matcher(wire_grpc.MatcherServicer):
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             return
+        ended = view.ended if view else None
+        if ended is not None:  # parts of an ended plan that still wait never count
+            self._pending_parts = [p for p in self._pending_parts if p.plan != ended.id]
         if scaling is None:
             return
         current = self._config.current if self._config else None
         if current is not None and current.epoch >= scaling.plan.new.epoch:
             if self._ctx().name not in scaling.plan.old.matchers:
-                self._scaling = None  # a newcomer: it never saw the old epoch
-                self._in_old[:] = True
-            return
-        for subscription_id in list(self._handle_of):  # rolled back: drop what was received
-            slot = self._engine.slot_of(subscription_id)
-            if slot is not None and not self._in_old[slot]:
-                self._engine.remove(subscription_id)
-                del self._handle_of[subscription_id]
+                self._settle(scaling, completed=True)  # a newcomer: it never saw the old epoch
+            return  # an old matcher finishes on the access points' switch markers
+        self._settle(scaling, completed=False)
+
+    def _settle(self, scaling: _Scaling, *, completed: bool) -> None:
+        """Leave a scale that ended: completed (what moved away goes, everything counts for
+        every epoch) or rolled back (what was received goes; parts still on their way are
+        stopped, so none reaches a receiver that has rolled back already)."""
+        if completed:
+            for subscription_id in scaling.moved_out:
+                if subscription_id in self._engine:
+                    self._engine.remove(subscription_id)
+                    self._handle_of.pop(subscription_id, None)
+        else:
+            for task in list(self._tasks):
+                if task.get_name() == _SENDING_PARTS:
+                    task.cancel()
+            ended = scaling.plan.id
+            self._pending_parts = [p for p in self._pending_parts if p.plan != ended]
+            for subscription_id in list(self._handle_of):  # drop what was received
+                slot = self._engine.slot_of(subscription_id)
+                if slot is not None and not self._in_old[slot]:
+                    self._engine.remove(subscription_id)
+                    del self._handle_of[subscription_id]
         self._in_old[:] = True
         self._in_new[:] = True
-        self._scaling = None
+        if self._scaling is scaling:
+            self._scaling = None
+        self._ctx().metrics.subscriptions.set(len(self._engine))
 
     async def _adopt(self, plan: ScalePlan) -> None:
+        """Load the parts that came before ``plan`` reached this matcher (those of another
+        epoch belong to a plan that ended: dropped)."""
         async with self._lock:
-            pending = self._pending_parts
-            if self._scaling is None and pending and pending[0].epoch == plan.new.epoch:
+            if self._scaling is not None:
+                return
+            pending = [p for p in self._pending_parts if p.plan == plan.id]
+            self._pending_parts = pending
+            if pending:
                 await self._check_ready(self._scaling_for(plan))
 
     async def _await_exit_points(self, wanted: set[int]) -> None:

@@ -215,11 +215,13 @@ class ProcessStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., subscriptions: _Optional[int] = ..., counters: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[str] = ...) -> None: ...
 
 class Part(_message.Message):
-    __slots__ = ("sender", "epoch", "data")
+    __slots__ = ("sender", "epoch", "data", "plan")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     sender: str
     epoch: int
     data: bytes
-    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    plan: str
+    def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., data: _Optional[bytes] = ..., plan: _Optional[str] = ...) -> None: ...

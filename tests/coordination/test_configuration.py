@@ -149,9 +149,11 @@ def test_unreadable_data_is_a_typed_error(client: KazooClient, data: bytes) -> N
 
 
 def test_a_configuration_without_layer_lists_reads_as_every_live_one() -> None:
-    legacy = b'{"epoch": 2, "matchers": ["m1"], "selector": ' + json.dumps(
-        RendezvousSelector(("m1",)).to_dict()
-    ).encode() + b"}"
+    legacy = (
+        b'{"epoch": 2, "matchers": ["m1"], "selector": '
+        + json.dumps(RendezvousSelector(("m1",)).to_dict()).encode()
+        + b"}"
+    )
     configuration = Configuration.decode(legacy)
     assert configuration.exit_points == () and configuration.access_points == ()
     later = configuration.next(exit_points=["e1", "e2"])

@@ -225,29 +225,46 @@ class Recorder:
 
 
 class SteadyPublisher(threading.Thread):
-    """Publishes its updates in small batches at a steady pace, then its end marker."""
+    """Publishes its updates in small batches at a steady pace, then its end marker.
+
+    :meth:`stop` ends it early (after the batch in flight): a test that must overlap a scale
+    gives it more updates than it needs and stops it once the scale is over.
+    """
 
     def __init__(self, endpoints: Sequence[str], name: str, updates: list[ContextUpdate]) -> None:
         super().__init__(daemon=True)
         self.endpoints = list(endpoints)
-        marker = end_marker(zlib.crc32(name.encode()), len(updates))
-        self.published = Published(name, [*updates, marker])
+        self.name = name
+        self.updates = updates
+        self.published = Published(name, [])
         self.error: BaseException | None = None
+        self._stopping = threading.Event()
 
     def run(self) -> None:
+        sent = 0
         try:
-            with Client(self.endpoints, publisher=self.published.publisher) as client:
-                updates = self.published.updates
-                for start in range(0, len(updates), 10):
-                    client.publish_many(updates[start : start + 10], batch_size=10)
+            with Client(self.endpoints, publisher=self.name) as client:
+                for start in range(0, len(self.updates), 10):
+                    if self._stopping.is_set():
+                        break
+                    chunk = self.updates[start : start + 10]
+                    client.publish_many(chunk, batch_size=10)
+                    sent = start + len(chunk)
                     time.sleep(0.02)
+                marker = end_marker(zlib.crc32(self.name.encode()), sent)
+                client.publish(marker)
+                self.published = Published(self.name, [*self.updates[:sent], marker])
         except BaseException as exc:
             self.error = exc
+
+    def stop(self) -> None:
+        """Publish no further batch; the end marker follows what was sent."""
+        self._stopping.set()
 
     def finish(self) -> Published:
         """Wait for the end; what was published (raises what publishing raised)."""
         self.join(DELIVERY_DEADLINE * 2)
-        assert not self.is_alive(), f"{self.published.publisher} did not finish"
+        assert not self.is_alive(), f"{self.name} did not finish"
         if self.error is not None:
             raise self.error
         return self.published

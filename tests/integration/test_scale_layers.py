@@ -71,7 +71,8 @@ class _Scene:
 
     def __init__(self, endpoints: list[list[str]], seed: int) -> None:
         self.subscriptions = iot_subscriptions(300, seed=seed, stations=50)
-        self.updates = iot_updates(1500 * len(endpoints), seed=seed + 1, stations=50)
+        # more than needed: the publishers are stopped once the scales are over
+        self.updates = iot_updates(6000 * len(endpoints), seed=seed + 1, stations=50)
         self.recorders = [Recorder(e, f"rec-{i}") for i, e in enumerate(endpoints)]
         for recorder in self.recorders:
             recorder.subscribe(
@@ -98,6 +99,8 @@ class _Scene:
         self.late_publisher.start()
 
     def check(self) -> None:
+        for publisher in self.publishers:
+            publisher.stop()
         published: list[Published] = [p.finish() for p in self.publishers]
         if self.late_publisher is not None:
             published.append(self.late_publisher.finish())
