@@ -271,6 +271,8 @@ def run_status(args: argparse.Namespace) -> int:
     layers = ", ".join(f"{n} {layer}" for layer, n in status["layers"].items())
     print(f"cluster {status['cluster']} (ZooKeeper {status['zookeeper']}): epoch {status['epoch']}")
     print(f"processes: {layers}")
+    if status.get("scale"):
+        print(f"scale: {status['scale']}")
     print(f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8}  rates/s")
     for p in status["processes"]:
         rates = ", ".join(
