@@ -154,6 +154,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         ctx = self._ctx()
         updates = batch.updates
         count = len(updates.entities)
+        if not count:
+            return  # it would take no sequence number: exit points key batches by theirs
         async with self._lock:
             configuration = await self._routing()
             updates.first_seq = self._next_seq

@@ -3,9 +3,11 @@
 Each matcher holds one ``ExitPoint.Collect`` stream to it and sends, for every batch of
 updates of every access point, one ``Partial`` (empty ones too). A batch is complete when
 every matcher of the epoch it was routed under has reported it; complete batches are
-delivered in sequence order per access point. Because each matcher's channel is ordered and
-every matcher reports every batch, a batch is complete only after all earlier batches of
-its access point are, so releasing from the head of the line never skips one.
+delivered in sequence order per access point: an access point's batches cover consecutive
+sequence ranges, and the exit point releases only the batch that starts where the last one
+released ended. (Arrival order is not enough: during a matcher scale the new matchers
+report only new-epoch batches, which can reach the exit point before any matcher has
+reported an older, old-epoch one.)
 
 Delivering a batch merges the partials' subscription handles per update, routes them by
 connection point (the top bits of the handle) and sends one ``Deliveries`` message to each
@@ -72,6 +74,7 @@ class _Pending:
     epoch: int
     first_seq: int
     arrived: float
+    last_seq: int
     reported: set[str] = field(default_factory=set)
     partials: list[wire.Partial] = field(default_factory=list)
 
@@ -85,6 +88,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._connection_points: Peers | None = None
         self._links: dict[int, Link] = {}  # connection point sequence -> link
         self._pending: dict[str, dict[int, _Pending]] = {}  # access point -> first_seq -> ...
+        self._next: dict[str, int] = {}  # access point -> the first_seq to release next
         self._lock = asyncio.Lock()
         self._access_points: Peers | None = None
         self._scale: ScaleView | None = None
@@ -146,10 +150,11 @@ class ExitPoint(wire_grpc.ExitPointServicer):
 
     async def _add(self, matcher: str, partial: wire.Partial) -> None:
         line = self._pending.setdefault(partial.access_point, {})
+        self._next.setdefault(partial.access_point, partial.first_seq)
         pending = line.get(partial.first_seq)
         if pending is None:
             pending = line[partial.first_seq] = _Pending(
-                partial.epoch, partial.first_seq, time.perf_counter()
+                partial.epoch, partial.first_seq, time.perf_counter(), partial.last_seq
             )
         pending.reported.add(matcher)
         if partial.items:
@@ -164,10 +169,11 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         async with self._lock:
             line = self._pending.get(access_point)
             while line:
-                head = line[next(iter(line))]
-                if not self._complete(head) or not self._may_deliver(head.epoch):
+                head = line.get(self._next[access_point])
+                if head is None or not self._complete(head) or not self._may_deliver(head.epoch):
                     break
                 del line[head.first_seq]
+                self._next[access_point] = head.last_seq + 1
                 await self._deliver(head)
             await self._pass_fences()
         self._check_drained()
@@ -250,10 +256,9 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             fence = self._fences.setdefault(key, _Fence(key[0], body))
             fence.arrived.add(matcher)
             for access_point, line in self._pending.items():
-                for pending in reversed(line.values()):
-                    if matcher in pending.reported:
-                        fence.waits.append((access_point, pending.first_seq))
-                        break
+                reported = [seq for seq, p in line.items() if matcher in p.reported]
+                if reported:
+                    fence.waits.append((access_point, max(reported)))
             await self._pass_fences()
 
     async def _pass_fences(self) -> None:
