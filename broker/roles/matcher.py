@@ -19,7 +19,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from broker.coordination.scale import ScalePlan
 from broker.coordination.scale import report as scale_report
 from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
+from broker.model.subscription import Subscription
 from broker.partition.parts import split_moved, unpack_part
 from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
@@ -49,6 +50,7 @@ _log = logging.getLogger(__name__)
 _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
 COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
+LOAD_SLICE = 2000  # received subscriptions added per hold of the lock
 _SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a matcher's parts
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
@@ -67,6 +69,16 @@ class _Scaling:
     moved_out: list[str] = field(default_factory=list)
     received: int = 0
     received_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A snapshot of subscriptions, as ``split_moved`` reads them (off the event loop)."""
+
+    held: list[Subscription]
+
+    def subscriptions(self) -> Iterator[Subscription]:
+        return iter(self.held)
 
 
 def _grown(array: npt.NDArray[Any], size: int, fill: object) -> npt.NDArray[Any]:
@@ -394,13 +406,13 @@ class Matcher(wire_grpc.MatcherServicer):
         if ctx.name not in plan.old.matchers:
             await self._check_ready(scaling)
             return
-        parts = split_moved(self._engine, plan.old.selector, plan.new.selector, ctx.name)
-        moved = [
-            s.id
-            for s in self._engine.subscriptions()
-            if plan.old.selector.owner_of(s.id) == ctx.name
-            and plan.new.selector.owner_of(s.id) != ctx.name
+        held = list(self._engine.subscriptions())
+        ids = [s.id for s in held]
+        before, after = plan.old.selector.owners_of(ids), plan.new.selector.owners_of(ids)
+        leaving = [
+            s for s, o, n in zip(held, before, after, strict=True) if o == ctx.name and n != o
         ]
+        moved = [s.id for s in leaving]
         for subscription_id in moved:
             slot = self._engine.slot_of(subscription_id)
             if slot is not None:
@@ -410,14 +422,19 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
         # Sent without holding the lock: two matchers sending each other parts would
         # otherwise wait for each other forever. Matching goes on meanwhile.
-        task = ctx.loop.create_task(self._send_parts(scaling, parts), name=_SENDING_PARTS)
+        task = ctx.loop.create_task(self._send_parts(scaling, leaving), name=_SENDING_PARTS)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_parts(self, scaling: _Scaling, parts: dict[str, bytes]) -> None:
+    async def _send_parts(self, scaling: _Scaling, leaving: list[Subscription]) -> None:
+        """Pack what leaves (on a thread: matching goes on in the loop) and send each new
+        owner its part."""
         ctx = self._ctx()
         plan = scaling.plan
         try:
+            parts = await asyncio.to_thread(
+                split_moved, _Held(leaving), plan.old.selector, plan.new.selector, ctx.name
+            )
             await asyncio.gather(
                 *(
                     self._transfer(
@@ -458,18 +475,43 @@ class Matcher(wire_grpc.MatcherServicer):
                 self._pending_parts.append(part)  # its plan has not reached us yet
                 _log.info("scale: part from %s waits for its plan", part.sender)
                 return wire.Empty()
-            self._load(part)
+        # Decoded on a thread, before taking the lock: matching goes on meanwhile.
+        name = self._ctx().name
+        subscriptions = await asyncio.to_thread(lambda: unpack_part(part.data, name).subscriptions)
+        # Added a slice at a time, letting matching in between: what is added counts for the
+        # new epoch only, so old-epoch updates match as before.
+        for start in range(0, len(subscriptions), LOAD_SLICE):
+            async with self._lock:
+                if self._scaling is None or self._scaling.plan.id != part.plan:
+                    return wire.Empty()  # the plan ended: its rollback drops what was added
+                self._add_received(subscriptions[start : start + LOAD_SLICE])
+        async with self._lock:
+            if self._scaling is None or self._scaling.plan.id != part.plan:
+                return wire.Empty()
+            self._load(part, subscriptions, added=True)
             await self._check_ready(self._scaling)
         return wire.Empty()
 
-    def _load(self, part: wire.Part) -> None:
-        """Add a received part, counted for the new epoch only."""
-        scaling = self._scaling
-        assert scaling is not None
-        subscriptions = unpack_part(part.data, self._ctx().name).subscriptions
+    def _add_received(self, subscriptions: Sequence[Subscription]) -> None:
         for subscription in subscriptions:
             self._engine.add(subscription)
             self._remember(subscription.id, int(subscription.subscriber, 16), old=False)
+
+    def _load(
+        self,
+        part: wire.Part,
+        subscriptions: Sequence[Subscription] | None = None,
+        *,
+        added: bool = False,
+    ) -> None:
+        """Take a received part in (decoded already, or now; its subscriptions added already,
+        or now), counted for the new epoch only."""
+        scaling = self._scaling
+        assert scaling is not None
+        if subscriptions is None:
+            subscriptions = unpack_part(part.data, self._ctx().name).subscriptions
+        if not added:
+            self._add_received(subscriptions)
         scaling.parts_from.add(part.sender)
         _log.info(
             "scale %s: part from %s (%d subscriptions)",
