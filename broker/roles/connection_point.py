@@ -467,8 +467,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         """Link to this process's access point among the serving ones: at once if there is
         no live link, with a fence (a planned move) if the configuration chose another."""
         serving = self._serving_access_points()
-        if not serving:
-            return
+        if not serving or self._moving:
+            return  # a move chooses again when it is over
         target = serving[self._number % len(serving)]  # spread by registration order
         link = self._link
         assert self._access_points is not None
