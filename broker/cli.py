@@ -12,6 +12,9 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo bench match               broker.bench.match
+    silbo bench e2e                 broker.bench.e2e
+    silbo bench scale               broker.bench.scale
+    silbo bench ngsi                broker.bench.ngsi
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from broker import demo, demo_cluster
-from broker.bench import e2e, match
+from broker.bench import e2e, match, ngsi, scale
 from broker.commands import admin, down, publish, run, subscribe, up
 
 __all__ = ["build_parser", "main"]
@@ -50,6 +53,8 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
 _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("match", "index build and matching throughput of one matcher", match.configure),
     ("e2e", "throughput and latency of a whole cluster, end to end", e2e.configure),
+    ("scale", "matchers scaled out and in under a constant load, as a time line", scale.configure),
+    ("ngsi", "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP", ngsi.configure),
 )
 
 

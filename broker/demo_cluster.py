@@ -1,7 +1,7 @@
 """``silbo demo``: a whole cluster at work, and a check that it delivered exactly right.
 
     silbo demo [--duration 30] [--subscriptions 1000] [--rate 250] [--publishers 3]
-               [--subscribers 3] [--matchers 2] [--state-dir DIR]
+               [--subscribers 3] [--matchers 2] [--scale-to 4] [--state-dir DIR]
 
 1. starts a cluster on this machine (embedded ZooKeeper, 1 connection point, 1 access
    point, ``--matchers`` matchers, 1 exit point: real processes, their logs under the state
@@ -11,11 +11,18 @@
 3. runs ``--publishers`` publishers (each a client of its own, in its own thread) sending
    W-IoT updates at ``--rate`` updates/s in all, for ``--duration`` seconds, printing
    progress each second;
-4. computes the deliveries expected with the reference matcher (which evaluates every
-   subscription plainly) and prints the verification summary: updates published,
-   deliveries expected, delivered, lost, duplicated, out of order.
+4. meanwhile scales the matchers out to ``--scale-to`` a third of the way through (new
+   matcher processes, then the scale protocol) and back in to ``--matchers`` two thirds of
+   the way (the protocol, then the leaving processes stop), as ``silbo admin scale`` does;
+   the publishers keep going until both scales are over (``--scale-to`` equal to
+   ``--matchers``: no scale);
+5. computes the deliveries expected with the reference matcher (which evaluates every
+   subscription plainly) and prints each scale's report (outcome, duration, subscriptions
+   and bytes moved, no-matching time, epoch) and the verification summary: updates
+   published, deliveries expected, delivered, lost, duplicated, out of order.
 
-It exits 1 if any delivery was lost, duplicated or out of publish order, else 0.
+It exits 1 if any delivery was lost, duplicated or out of publish order, or if a scale did
+not complete; else 0.
 """
 
 from __future__ import annotations
@@ -31,15 +38,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from kazoo.client import KazooClient
 
+from broker.bench.scale import ScaleRecord, scale_local
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.client import connect
+from broker.errors import SilboError
 from broker.matching.reference import ReferenceMatcher
 from broker.model.update import ContextUpdate
 from broker.wire import client_pb2 as pb
 
-__all__ = ["Tally", "configure", "run"]
+__all__ = ["Scales", "Tally", "configure", "run"]
 
 
 @dataclass
@@ -70,6 +81,51 @@ class Tally:
         return on_batch
 
 
+@dataclass
+class Scales:
+    """The matcher scales of a run: the plan, what ran, and how many matchers serve now."""
+
+    plan: list[tuple[float, int]]  # (seconds after the start, matchers)
+    matchers: int
+    records: list[ScaleRecord] = field(default_factory=list)
+    error: SilboError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether every planned scale ran and completed."""
+        done = len(self.records) == len(self.plan)
+        return done and self.error is None and all(r.completed for r in self.records)
+
+    def run(self, cluster: LocalCluster, started: float) -> None:
+        """Scale at each planned moment (``started``: a ``time.monotonic()``), on this thread.
+
+        On this thread because a matcher started by a thread gets its parent-death signal
+        when that thread ends (``PR_SET_PDEATHSIG`` is per thread). Stops at the first
+        scale that does not complete.
+        """
+        if not self.plan:
+            return
+        try:
+            client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+            try:
+                self._run_plan(cluster, client, started)
+            finally:
+                client.stop()
+                client.close()
+        except SilboError as exc:
+            self.error = exc
+
+    def _run_plan(self, cluster: LocalCluster, client: KazooClient, started: float) -> None:
+        for at, count in self.plan:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            record = scale_local(cluster, client, count)
+            self.records.append(record)
+            _say(f"scale {record.summary_line()}")
+            if not record.completed:
+                return
+            self.matchers = count
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo demo``."""
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of publishing")
@@ -78,6 +134,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--publishers", type=int, default=3)
     parser.add_argument("--subscribers", type=int, default=3)
     parser.add_argument("--matchers", type=int, default=2)
+    parser.add_argument(
+        "--scale-to", type=int, default=4, help="matchers while scaled out (mid-run)"
+    )
     parser.add_argument("--state-dir", default=None, help="where the cluster keeps its logs")
     parser.add_argument("--seed", type=int, default=7)
     parser.set_defaults(handler=run)
@@ -85,6 +144,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demonstration; 0 if every delivery was exactly right, else 1."""
+    if args.scale_to < 1:
+        print("silbo demo: error: --scale-to must be at least 1", file=sys.stderr)
+        return 2
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="silbo-demo-"))
     spec = ClusterSpec(matchers=args.matchers, grpc_port=0, state_dir=state, log_level="WARNING")
     _say(f"starting a cluster: {args.matchers} matchers, logs in {state / 'logs'}")
@@ -92,13 +154,16 @@ def run(args: argparse.Namespace) -> int:
     with LocalCluster(spec) as cluster:
         took = time.monotonic() - began
         _say(f"cluster up in {took:.1f} s; clients connect to {', '.join(cluster.endpoints)}")
-        published, tally, subscriptions = _scenario(args, cluster.endpoints)
-    return _verify(published, tally, subscriptions)
+        published, tally, subscriptions, scales = _scenario(args, cluster)
+    delivered = _verify(published, tally, subscriptions)
+    scaled = _report_scales(scales)
+    return 0 if delivered and scaled else 1
 
 
 def _scenario(
-    args: argparse.Namespace, endpoints: list[str]
-) -> tuple[dict[str, list[ContextUpdate]], Tally, list[object]]:
+    args: argparse.Namespace, cluster: LocalCluster
+) -> tuple[dict[str, list[ContextUpdate]], Tally, list[object], Scales]:
+    endpoints = cluster.endpoints
     subscriptions = iot_subscriptions(args.subscriptions, args.seed)
     tally = Tally()
     subscribers = [
@@ -122,20 +187,48 @@ def _scenario(
         )
         threads.append(thread)
         thread.start()
+    scales = Scales(_scale_plan(args), args.matchers)
     started = time.monotonic()
-    while time.monotonic() - started < args.duration:
-        time.sleep(1.0)
-        sent = sum(len(v) for v in published.values())
-        with tally.lock:
-            got = len(tally.received)
-        _say(f"t={time.monotonic() - started:4.0f} s  published {sent:6d}  notifications {got:7d}")
+    done = threading.Event()
+    progress = threading.Thread(
+        target=_progress, args=(published, tally, scales, started, done), daemon=True
+    )
+    progress.start()
+    scales.run(cluster, started)  # the publishers keep going meanwhile
+    time.sleep(max(0.0, started + args.duration - time.monotonic()))
     stop.set()
-    for thread in threads:
+    done.set()
+    for thread in [*threads, progress]:
         thread.join()
     time.sleep(2.0)  # let the last notifications arrive
     for client in subscribers:
         client.close()
-    return published, tally, list(subscriptions)
+    return published, tally, list(subscriptions), scales
+
+
+def _progress(
+    published: dict[str, list[ContextUpdate]],
+    tally: Tally,
+    scales: Scales,
+    started: float,
+    done: threading.Event,
+) -> None:
+    """A line each second: updates published, notifications received, matchers serving."""
+    while not done.wait(1.0):
+        sent = sum(len(v) for v in published.values())
+        with tally.lock:
+            got = len(tally.received)
+        _say(
+            f"t={time.monotonic() - started:4.0f} s  published {sent:6d}  "
+            f"notifications {got:7d}  matchers {scales.matchers}"
+        )
+
+
+def _scale_plan(args: argparse.Namespace) -> list[tuple[float, int]]:
+    """Out to --scale-to a third of the way through, back to --matchers at two thirds."""
+    if args.scale_to == args.matchers:
+        return []
+    return [(args.duration / 3, args.scale_to), (2 * args.duration / 3, args.matchers)]
 
 
 def _publish(
@@ -163,9 +256,22 @@ def _publish(
             out.extend(chunk)
 
 
+def _report_scales(scales: Scales) -> bool:
+    """Print each scale's report; whether every planned scale completed."""
+    if not scales.plan:
+        return True
+    print("\nscales (matchers, while the publishers kept publishing)")
+    for record in scales.records:
+        print(f"  {record.summary_line()}")
+    if scales.error is not None:
+        print(f"  scaling failed: {scales.error}")
+    print("  result: " + ("every scale completed" if scales.ok else "FAILED"))
+    return scales.ok
+
+
 def _verify(
     published: dict[str, list[ContextUpdate]], tally: Tally, subscriptions: list[object]
-) -> int:
+) -> bool:
     total = sum(len(v) for v in published.values())
     _say(f"computing the expected deliveries of {total} updates with the reference matcher")
     reference = ReferenceMatcher(subscriptions)  # type: ignore[arg-type]
@@ -196,7 +302,7 @@ def _verify(
     print(
         "  result: " + ("every notification delivered exactly once, in order" if ok else "FAILED")
     )
-    return 0 if ok else 1
+    return ok
 
 
 def _say(message: str) -> None:

@@ -49,7 +49,17 @@ from broker.matching import Engine
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
 
-__all__ = ["E2eReport", "configure", "run", "run_once"]
+__all__ = [
+    "E2eReport",
+    "configure",
+    "delivered_pairs",
+    "expected_pairs",
+    "expected_positions",
+    "handle_positions",
+    "run",
+    "run_once",
+    "sorted_unique",
+]
 
 POOL = 20_000  # distinct updates; the run cycles through them
 
@@ -196,11 +206,11 @@ def _measure(args: argparse.Namespace, report: E2eReport, target: str) -> None:
         _say(f"subscribing {len(subscriptions)} W-IoT subscriptions")
         handles = subscriber.subscribe_many(subscriptions)
         ids = [h.id for h in handles]
-        handle_numbers = _handle_numbers(subscriber)
+        handle_numbers = handle_positions(subscriber)
         _say(f"publishing for {args.duration:.0f} s at {args.rate} updates/s")
         published, started, stopped = _publish(publisher, entities, args, rate, sent_at, batches)
-        expected_pairs = _expected(subscriptions, pool, published, ids)
-        report.expected = len(expected_pairs)
+        expected = _expected(subscriptions, pool, published, ids)
+        report.expected = len(expected)
         deadline = time.perf_counter() + args.drain
         while receiver.count < report.expected and time.perf_counter() < deadline:
             time.sleep(0.05)
@@ -222,13 +232,13 @@ def _measure(args: argparse.Namespace, report: E2eReport, target: str) -> None:
         )
         last = receiver.last or stopped
         report.out_of_order = receiver.out_of_order
-    delivered = sequences.astype(np.int64) * (1 << 24) + _local(got_handles, handle_numbers)
+    delivered = delivered_pairs(sequences, got_handles, handle_numbers)
     unique = np.unique(delivered)
     report.updates = published
     report.deliveries = len(delivered)
     report.duplicated = len(delivered) - len(unique)
-    report.lost = len(np.setdiff1d(expected_pairs, unique))
-    report.unexpected = len(np.setdiff1d(unique, expected_pairs))
+    report.lost = len(np.setdiff1d(expected, unique))
+    report.unexpected = len(np.setdiff1d(unique, expected))
     elapsed = max(last, stopped) - started
     report.updates_per_s = round(published / elapsed, 1)
     report.offered_per_s = round(published / (stopped - started), 1)
@@ -286,7 +296,7 @@ def _publish(
     return sent, started, stopped
 
 
-def _handle_numbers(client: Client) -> dict[int, int]:
+def handle_positions(client: Client) -> dict[int, int]:
     """Subscription handle -> its position among the subscriptions (by id order of acks)."""
     return {h: i for i, h in enumerate(client._handles)}
 
@@ -301,14 +311,13 @@ def _local(handles: npt.NDArray[np.uint64], numbers: dict[int, int]) -> npt.NDAr
     return np.where(found, values[at], -1)
 
 
-def _expected(
-    subscriptions: list[Any],
-    pool: list[Any],
-    published: int,
-    ids: list[str],
-) -> npt.NDArray[np.int64]:
-    """Every (sequence, subscription position) pair that should be delivered, encoded."""
-    _say("computing the expected deliveries with the in-process engine")
+def expected_positions(
+    subscriptions: list[Any], pool: list[Any], ids: list[str]
+) -> list[npt.NDArray[np.int64]]:
+    """Per update of ``pool``, the positions in ``ids`` of the subscriptions it matches.
+
+    Computed by the in-process engine (property-tested against the reference matcher).
+    """
     engine = Engine(subscriptions)
     position_of_id = {subscription_id: i for i, subscription_id in enumerate(ids)}
     slot_position = np.full(len(ids) * 2 + 1, -1, dtype=np.int64)
@@ -318,13 +327,54 @@ def _expected(
             if slot >= len(slot_position):
                 slot_position = np.resize(slot_position, slot + 1)
             slot_position[slot] = position_of_id[subscription.id]
-    per_update = [slot_position[s] for s in engine.match_batch_slots(pool, now=time.time())]
+    return [slot_position[s] for s in engine.match_batch_slots(pool, now=time.time())]
+
+
+def expected_pairs(
+    per_update: list[npt.NDArray[np.int64]], published: int
+) -> npt.NDArray[np.int64]:
+    """Every (sequence, subscription position) pair that should be delivered, encoded.
+
+    Sequence ``s`` (from 1) carries pool update ``(s - 1) % len(per_update)``; a pair is
+    ``s * 2**24 + position``, as :func:`delivered_pairs` encodes deliveries.
+    """
     pairs = []
     for sequence in range(1, published + 1):
-        positions = per_update[(sequence - 1) % len(pool)]
+        positions = per_update[(sequence - 1) % len(per_update)]
         if len(positions):
             pairs.append(sequence * (1 << 24) + positions)
-    return np.unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+    return sorted_unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+
+
+def sorted_unique(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """``np.unique(values)``, by sorting: numpy 2's hashing unique is far slower on pair codes."""
+    ordered = np.sort(values)
+    if len(ordered) == 0:
+        return ordered
+    keep = np.empty(len(ordered), dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
+def delivered_pairs(
+    sequences: npt.NDArray[Any],
+    handles: npt.NDArray[np.uint64],
+    positions: dict[int, int],
+) -> npt.NDArray[np.int64]:
+    """Deliveries (sequence, subscription handle) encoded as :func:`expected_pairs` does."""
+    return sequences.astype(np.int64) * (1 << 24) + _local(handles, positions)
+
+
+def _expected(
+    subscriptions: list[Any],
+    pool: list[Any],
+    published: int,
+    ids: list[str],
+) -> npt.NDArray[np.int64]:
+    """Every (sequence, subscription position) pair that should be delivered, encoded."""
+    _say("computing the expected deliveries with the in-process engine")
+    return expected_pairs(expected_positions(subscriptions, pool, ids), published)
 
 
 def _median(reports: list[E2eReport]) -> E2eReport:

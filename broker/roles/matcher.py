@@ -217,10 +217,13 @@ class Matcher(wire_grpc.MatcherServicer):
         """Build the indexes of new subscriptions soon, rather than in the first match.
 
         Otherwise the first updates after a burst of subscriptions pay for building every
-        index they touch, a latency spike. One compaction per burst (debounced).
+        index they touch, a latency spike. One compaction per burst: COMPACT_AFTER seconds
+        after its last subscription (rebuilding the index while a long registration goes on
+        would cost more each time).
         """
-        if self._compaction is None:
-            self._compaction = self._ctx().loop.call_later(COMPACT_AFTER, self._compact)
+        if self._compaction is not None:
+            self._compaction.cancel()
+        self._compaction = self._ctx().loop.call_later(COMPACT_AFTER, self._compact)
 
     def _compact(self) -> None:
         self._compaction = None

@@ -26,16 +26,28 @@ import grpc
 from broker.coordination.membership import Member
 from broker.runtime.metrics import ProcessMetrics
 
-__all__ = ["CHANNEL_OPTIONS", "Link", "LinkState", "follow_members"]
+__all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "Link", "LinkState", "follow_members"]
 
 _log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 64 << 20
+KEEPALIVE_MS = 10_000
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # an idle stream (no data for minutes) is still pinged: allow it
+    ("grpc.http2.max_pings_without_data", 0),
+)
+# A server must accept those pings on a stream that carries no data: by default it allows
+# one every 5 minutes and ends the connection (GOAWAY "too_many_pings") after a few more, so
+# internal streams died after minutes without traffic.
+SERVER_OPTIONS = (
+    *CHANNEL_OPTIONS,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 )
 _CLOSE = object()
 _CLOSING: set[asyncio.Task[None]] = set()  # links being closed in the background

@@ -31,7 +31,7 @@ from kazoo.client import KazooClient
 from broker.coordination.client import ConnectionStateWatcher, connect
 from broker.coordination.membership import Member, Membership
 from broker.errors import SilboError
-from broker.runtime.link import CHANNEL_OPTIONS
+from broker.runtime.link import SERVER_OPTIONS
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.options import ProcessOptions, parse_address
 from broker.wire import internal_pb2 as wire
@@ -147,7 +147,7 @@ async def serve(
     metrics = ProcessMetrics(options.role.value)
     role = make_role()
     # no SO_REUSEPORT: a port another process holds must be an error, not a shared port
-    server = grpc.aio.server(options=(*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)))
+    server = grpc.aio.server(options=(*SERVER_OPTIONS, ("grpc.so_reuseport", 0)))
     admin = _AdminServicer(role, metrics)
     wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
     role.add_to(server)
