@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from broker.bench.match import machine_info
+from broker.bench.match import run_and_report
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
@@ -149,21 +148,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rate != "max" and (not args.rate.isdigit() or int(args.rate) <= 0):
         print("silbo bench e2e: error: --rate must be a positive integer or max", file=sys.stderr)
         return 2
-    reports = []
-    for i in range(args.runs):
-        _say(f"run {i + 1}/{args.runs}")
-        reports.append(run_once(args))
-    report = _median(reports)
-    summary: dict[str, Any] = {
-        **asdict(report),
-        "runs": [asdict(r) for r in reports],
-        "machine": machine_info(),
-        "command": getattr(args, "command_line", ""),
-    }
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print(report)
+    report = run_and_report(args, run_once, _median, _print, _say)
     bad = report.lost or report.duplicated or report.unexpected or report.out_of_order
     return 1 if bad else 0
 

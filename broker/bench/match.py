@@ -26,9 +26,9 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from broker.bench.workloads import WORKLOADS
 from broker.model.subscription import Subscription
@@ -524,3 +524,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_table(report))
     return 0
+
+
+_R = TypeVar("_R")
+
+
+def run_and_report(
+    args: argparse.Namespace,
+    run_once: Callable[[argparse.Namespace], _R],
+    median: Callable[[list[_R]], _R],
+    show: Callable[[_R], None],
+    say: Callable[[str], None],
+) -> _R:
+    """``--runs`` runs of a benchmark; prints their median (``--json``: with every run, the
+    machine and the command line) and returns it."""
+    reports = []
+    for i in range(args.runs):
+        say(f"run {i + 1}/{args.runs}")
+        reports.append(run_once(args))
+    report = median(reports)
+    if args.json:
+        summary: dict[str, Any] = {
+            **asdict(report),  # type: ignore[call-overload]
+            "runs": [asdict(r) for r in reports],  # type: ignore[call-overload]
+            "machine": machine_info(),
+            "command": getattr(args, "command_line", ""),
+        }
+        print(json.dumps(summary, indent=2))
+    else:
+        show(report)
+    return report

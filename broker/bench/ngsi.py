@@ -63,7 +63,7 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from broker.bench.match import machine_info
+from broker.bench.match import run_and_report
 from broker.bench.workloads.iot import DISTRICTS, IOT_TYPE, iot_subscriptions, iot_updates
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.matching import Engine
@@ -160,21 +160,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    reports = []
-    for i in range(args.runs):
-        _say(f"run {i + 1}/{args.runs}")
-        reports.append(run_once(args))
-    report = _median(reports)
-    summary: dict[str, Any] = {
-        **asdict(report),
-        "runs": [asdict(r) for r in reports],
-        "machine": machine_info(),
-        "command": getattr(args, "command_line", ""),
-    }
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print(report)
+    report = run_and_report(args, run_once, _median, _print, _say)
     return 1 if report.unexpected else 0
 
 

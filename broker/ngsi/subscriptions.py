@@ -38,6 +38,7 @@ from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration
 from broker.ngsi.errors import NotServed
 from broker.wire import client_pb2 as pb
+from broker.wire.convert import add_selectors
 
 __all__ = ["Channel", "HttpSubscription", "Parsed", "iso", "merged", "parse_document"]
 
@@ -370,13 +371,7 @@ class HttpSubscription:
             mq=p.mq,
             expires=p.expires or 0.0,
         )
-        for s in p.selectors:
-            spec.entities.add(
-                id=s.id or "",
-                id_pattern=s.id_pattern or "",
-                type=s.type or "",
-                type_pattern=s.type_pattern or "",
-            )
+        add_selectors(spec, p.selectors)
         return spec
 
     def expired(self, now: float) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.errors import InvalidInput, InvalidUpdate, InvalidValue
@@ -223,14 +223,19 @@ def spec_from_subscription(subscription: Subscription) -> pb.SubscriptionSpec:
         expires=subscription.expires or 0.0,
         attrs=list(subscription.notification.attrs),
     )
-    for s in subscription.entities:
+    add_selectors(spec, subscription.entities)
+    return spec
+
+
+def add_selectors(spec: pb.SubscriptionSpec, selectors: Iterable[EntitySelector]) -> None:
+    """Add the model's entity selectors to a SubscriptionSpec."""
+    for s in selectors:
         spec.entities.add(
             id=s.id or "",
             id_pattern=s.id_pattern or "",
             type=s.type or "",
             type_pattern=s.type_pattern or "",
         )
-    return spec
 
 
 # -- the connection point's check: validate a client's Entity, get the matchable form ------

@@ -25,11 +25,13 @@ import threading
 import time
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
+from kazoo.client import KazooClient
 
 from broker.client import Client, SubscriptionHandle
 from broker.cluster import LocalCluster
@@ -57,6 +59,7 @@ __all__ = [
     "publish_concurrently",
     "subscriptions_held",
     "wait_until",
+    "zk_of",
 ]
 
 DELIVERY_DEADLINE = 30.0  # seconds for everything published to arrive
@@ -224,6 +227,16 @@ class Recorder:
             self._markers.add(received.publisher)
 
 
+@pytest.fixture
+def zk_of() -> Iterator[list[KazooClient]]:
+    """ZooKeeper clients a test opens (append them); closed after it."""
+    clients: list[KazooClient] = []
+    yield clients
+    for client in clients:
+        client.stop()
+        client.close()
+
+
 class SteadyPublisher(threading.Thread):
     """Publishes its updates in small batches at a steady pace, then its end marker.
 
@@ -231,11 +244,21 @@ class SteadyPublisher(threading.Thread):
     gives it more updates than it needs and stops it once the scale is over.
     """
 
-    def __init__(self, endpoints: Sequence[str], name: str, updates: list[ContextUpdate]) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        name: str,
+        updates: list[ContextUpdate],
+        *,
+        batch: int = 10,
+        pace: float = 0.02,
+    ) -> None:
         super().__init__(daemon=True)
         self.endpoints = list(endpoints)
         self.name = name
         self.updates = updates
+        self.batch = batch
+        self.pace = pace
         self.published = Published(name, [])
         self.error: BaseException | None = None
         self._stopping = threading.Event()
@@ -244,13 +267,13 @@ class SteadyPublisher(threading.Thread):
         sent = 0
         try:
             with Client(self.endpoints, publisher=self.name) as client:
-                for start in range(0, len(self.updates), 10):
+                for start in range(0, len(self.updates), self.batch):
                     if self._stopping.is_set():
                         break
-                    chunk = self.updates[start : start + 10]
-                    client.publish_many(chunk, batch_size=10)
+                    chunk = self.updates[start : start + self.batch]
+                    client.publish_many(chunk, batch_size=self.batch)
                     sent = start + len(chunk)
-                    time.sleep(0.02)
+                    time.sleep(self.pace)
                 marker = end_marker(zlib.crc32(self.name.encode()), sent)
                 client.publish(marker)
                 self.published = Published(self.name, [*self.updates[:sent], marker])

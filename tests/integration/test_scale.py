@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from conftest import StartCluster
@@ -27,15 +26,6 @@ from integration.conftest import (
     assert_exact_delivery,
     subscriptions_held,
 )
-
-
-@pytest.fixture
-def zk_of() -> Iterator[list[KazooClient]]:
-    clients: list[KazooClient] = []
-    yield clients
-    for client in clients:
-        client.stop()
-        client.close()
 
 
 def _matchers(cluster: LocalCluster) -> list[str]:

@@ -31,13 +31,11 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
 from conftest import StartCluster
 from kazoo.client import KazooClient
 
@@ -48,15 +46,12 @@ from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.scale import ScalePlan, read_state, reports
 from broker.coordination.scaling import LOST_BEFORE, ScaleOutcome, scale_matchers
-from broker.model.update import ContextUpdate
 from broker.runtime.options import Role
 from integration.conftest import (
-    DELIVERY_DEADLINE,
-    Published,
     Recorder,
+    SteadyPublisher,
     assert_exact_delivery,
     cluster_status,
-    end_marker,
     subscriptions_held,
     wait_until,
 )
@@ -67,59 +62,6 @@ LATE_TENANT = "late"  # subscriptions made during the stall, and the updates mea
 GONE_TENANT = "gone"  # subscriptions (matching nothing) removed during the stall
 
 T = TypeVar("T")
-
-
-@pytest.fixture
-def zk_of() -> Iterator[list[KazooClient]]:
-    clients: list[KazooClient] = []
-    yield clients
-    for client in clients:
-        client.stop()
-        client.close()
-
-
-class _Traffic(threading.Thread):
-    """Publishes small batches at a steady pace until stopped, then its end marker."""
-
-    def __init__(self, endpoints: list[str], name: str, updates: list[ContextUpdate]) -> None:
-        super().__init__(daemon=True)
-        self.endpoints = endpoints
-        self.name = name
-        self.pool = updates
-        self.sent: list[ContextUpdate] = []
-        self.error: BaseException | None = None
-        self._stopping = threading.Event()
-
-    def stop(self) -> None:
-        """Publish the end marker after the current batch."""
-        self._stopping.set()
-
-    def run(self) -> None:
-        try:
-            with Client(self.endpoints, publisher=self.name) as client:
-                for start in range(0, len(self.pool), 5):
-                    if self._stopping.is_set():
-                        break
-                    batch = self.pool[start : start + 5]
-                    client.publish_many(batch, batch_size=len(batch))
-                    self.sent.extend(batch)
-                    time.sleep(0.1)
-                marker = end_marker(zlib.crc32(self.name.encode()), len(self.sent))
-                client.publish_many([marker], batch_size=1)
-                self.sent.append(marker)
-        except BaseException as exc:
-            self.error = exc
-
-    def finish(self) -> Published:
-        """Stop; what was published (raises what publishing raised)."""
-        running = self.is_alive()
-        self.stop()
-        self.join(DELIVERY_DEADLINE)
-        assert not self.is_alive(), f"{self.name} did not finish"
-        if self.error is not None:
-            raise self.error
-        assert running, f"{self.name} ran out of updates before the test ended"
-        return Published(self.name, self.sent)
 
 
 class _Scene:
@@ -141,7 +83,8 @@ class _Scene:
             ]
         )
         self.traffic = [
-            _Traffic(self.endpoints, f"steady-{i}", self.pool[i:4000:2]) for i in range(2)
+            SteadyPublisher(self.endpoints, f"steady-{i}", self.pool[i:4000:2], batch=5, pace=0.1)
+            for i in range(2)
         ]
         for traffic in self.traffic:
             traffic.start()
@@ -185,11 +128,14 @@ class _Scene:
         """The late recorders are acknowledged: publish to their tenant too."""
         self.late.extend(recorders)
         updates = [dataclasses.replace(u, tenant=LATE_TENANT) for u in self.pool[4000:]]
-        late = _Traffic(self.endpoints, "late-traffic", updates)
+        late = SteadyPublisher(self.endpoints, "late-traffic", updates, batch=5, pace=0.1)
         self.traffic.append(late)
         late.start()
 
     def check(self) -> None:
+        for traffic in self.traffic:
+            assert traffic.is_alive(), f"{traffic.name} ran out of updates before the test ended"
+            traffic.stop()
         published = [t.finish() for t in self.traffic]
         for recorder in [self.recorder, *self.late]:
             recorder.wait_for_markers(p.publisher for p in published)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
 
-import pytest
 from conftest import StartCluster
 from kazoo.client import KazooClient
 
@@ -33,15 +31,6 @@ from integration.conftest import (
 )
 
 LATE_TENANT = "late"  # the subscriptions made during a scale, and the updates meant for them
-
-
-@pytest.fixture
-def zk_of() -> Iterator[list[KazooClient]]:
-    clients: list[KazooClient] = []
-    yield clients
-    for client in clients:
-        client.stop()
-        client.close()
 
 
 def _zk(cluster: LocalCluster, zk_of: list[KazooClient]) -> KazooClient:
