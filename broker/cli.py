@@ -11,10 +11,12 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo admin init|status|scale   broker.commands.admin
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
+    silbo replay                    broker.commands.replay
     silbo bench match               broker.bench.match
     silbo bench e2e                 broker.bench.e2e
     silbo bench scale               broker.bench.scale
     silbo bench ngsi                broker.bench.ngsi
+    silbo bench spark               broker.bench.spark
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from broker import demo, demo_cluster
-from broker.bench import e2e, match, ngsi, scale
-from broker.commands import admin, down, publish, run, subscribe, up
+from broker.bench import e2e, match, ngsi, scale, spark
+from broker.commands import admin, down, publish, replay, run, subscribe, up
 
 __all__ = ["build_parser", "main"]
 
@@ -47,6 +49,7 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
     ("down", down.HELP, down.configure),
     ("publish", "publish one context update (NAME[:TYPE]=VALUE attributes)", publish.configure),
     ("subscribe", "subscribe; print each notification as one JSON line", subscribe.configure),
+    ("replay", replay.HELP, replay.configure),
 )
 
 # (name, one-line help, configure) of each ``silbo bench`` benchmark.
@@ -55,6 +58,7 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("e2e", "throughput and latency of a whole cluster, end to end", e2e.configure),
     ("scale", "matchers scaled out and in under a constant load, as a time line", scale.configure),
     ("ngsi", "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP", ngsi.configure),
+    ("spark", "the Spark matcher against the in-process engine, same input", spark.configure),
 )
 
 

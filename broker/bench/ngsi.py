@@ -30,14 +30,17 @@ whether it changed), matches the whole entities that changed with the in-process
 (property-tested against the reference matcher) on the same subscriptions, and compares
 the (subscription, request, station) triples with those received: ``unexpected`` (received,
 not expected, or more often than expected) should be 0; ``missing`` counts expected ones
-not received, dropped by the front's per-subscription queue bound or still queued at the
-end (the front sends at most 128 at a time, 1,000 queued per subscription). Contents of the
+not received, dropped by the front's queue bounds (``dropped``: what the subscriptions
+count in ``droppedNotifications``) or still queued at the end (its notification worker
+sends at most 128 at a time, and keeps at most 1,000 queued per subscription and 100,000 in
+all). Contents of the
 notifications (attribute values, headers) are not checked here: tests/ngsi does that.
 
 Reported: ``updates_per_s`` (readings in 2xx answers / publishing time), ``requests_per_s``,
 ``errors`` by status, ``p50_ms`` / ``p99_ms`` request latency, ``notifications_per_s``
 (requests the receiver got while publishing, per second) and ``notified_entities_per_s``,
-and the totals after the drain.
+and the totals after the drain; ``cpu_us_per_update`` includes the processes' children
+(``connection-point-N/<pid>``: the notification worker).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class NgsiReport:
     notifications: int = 0
     notified_entities: int = 0
     drain_s: float = 0.0
+    dropped: int = 0  # the subscriptions' droppedNotifications after the drain
     subscribe_per_s: float = 0.0
     cpu_us_per_update: dict[str, float] = field(default_factory=dict)  # by process, publishing
     expected: int = 0
@@ -193,6 +197,7 @@ def run_once(args: argparse.Namespace) -> NgsiReport:
         address, processes = described["http_endpoints"][0], described["processes"]
     receiver = _ReceiverProcess()
     pids = {f"{p['role']}-{i}": int(p["pid"]) for i, p in enumerate(processes) if p.get("pid")}
+    pids.update(_children(pids))
     pids["receiver"] = receiver.pid
     try:
         asyncio.run(_measure(args, report, f"http://{address}", receiver, pids))
@@ -252,6 +257,7 @@ async def _measure(
         report.drain_s = round(time.perf_counter() - drain_started, 1)
         report.notifications, report.notified_entities = await receiver.counts(http)
         received = await receiver.keys(http)
+        report.dropped = await _dropped(http, base, tenant)
     _say("computing the expected notifications (front cache replayed, in-process engine)")
     expected = _expected(subscriptions, pool, streams, done, args.batch)
     report.expected = len(expected)
@@ -307,6 +313,20 @@ async def _subscribe(
                     raise RuntimeError(f"subscribing: {answer.status} {await answer.text()}")
 
     await asyncio.gather(*(worker() for _ in range(32)))
+
+
+async def _dropped(http: aiohttp.ClientSession, base: str, tenant: str) -> int:
+    """The sum of the tenant's subscriptions' ``droppedNotifications``."""
+    total, offset = 0, 0
+    while True:
+        params = {"limit": "1000", "offset": str(offset)}
+        headers = {"Fiware-Service": tenant}
+        async with http.get(f"{base}/v2/subscriptions", params=params, headers=headers) as answer:
+            page = await answer.json()
+        total += sum(int(s["notification"].get("droppedNotifications", 0)) for s in page)
+        if len(page) < 1000:
+            return total
+        offset += 1000
 
 
 def _subscription_json(subscription: Subscription, url: str) -> dict[str, Any]:
@@ -645,7 +665,7 @@ def _median(reports: list[NgsiReport]) -> NgsiReport:
     for report in reports:
         errors.update(report.errors)
     median.errors = dict(errors)
-    for key in ("requests", "updates", "notifications", "notified_entities", "expected"):
+    for key in ("requests", "updates", "notifications", "notified_entities", "expected", "dropped"):
         setattr(median, key, sum(getattr(r, key) for r in reports))
     for key in ("received", "missing", "unexpected"):
         setattr(median, key, sum(getattr(r, key) for r in reports))
@@ -665,7 +685,8 @@ def _print(report: NgsiReport) -> None:
         f"({report.notified_entities_per_s:,.0f} entities/s); {report.notifications:,} in all "
         f"after {report.drain_s} s of drain\n"
         f"  check: expected {report.expected:,}, received {report.received:,}, "
-        f"missing {report.missing:,} (dropped or still queued), unexpected {report.unexpected}\n"
+        f"missing {report.missing:,} (dropped or still queued; {report.dropped:,} dropped), "
+        f"unexpected {report.unexpected}\n"
         f"  CPU us per update while publishing: {report.cpu_us_per_update}"
     )
 
@@ -681,6 +702,19 @@ def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
             continue  # gone, or not Linux
         used[name] = (int(fields[11]) + int(fields[12])) / tick
     return used
+
+
+def _children(pids: dict[str, int]) -> dict[str, int]:
+    """The child processes of those named (a connection point's notification worker), as
+    ``<name>/<pid>`` (Linux; none elsewhere)."""
+    found = {}
+    for name, pid in pids.items():
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        found.update({f"{name}/{child}": int(child) for child in children})
+    return found
 
 
 def _free_port() -> int:

@@ -121,6 +121,7 @@ class ClusterSpec:
     # NGSI v2 HTTP: the first connection point's port, the next ones count up; 0: any; None: off
     http_port: int | None = None
     notify_allow: tuple[str, ...] = ()  # --notify-allow of every connection point
+    spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
     state_dir: Path = Path(".silbo")
@@ -148,6 +149,8 @@ class ClusterSpec:
                 f"--http-port {self.http_port} is not a port with room for "
                 f"{self.connection_points} connection points (0 to 65535)"
             )
+        if self.spark_offload < 0:
+            problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
         if self.zk is not None and not self.zk.strip():
@@ -479,6 +482,8 @@ class LocalCluster:
             self.spec.log_level,
             *extra,
         ]
+        if role is Role.MATCHER and self.spec.spark_offload:
+            command += ["--spark-offload", str(self.spec.spark_offload)]
         with _signals_held() as mask, open(log, "ab") as out:
             setup = _ChildSetup(os.getpid(), mask, die=not self.spec.detach)
             process = subprocess.Popen(

@@ -57,6 +57,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
+    parser.add_argument(
+        "--spark-offload",
+        type=int,
+        default=0,
+        metavar="N",
+        help="matchers: match batches of N updates or more on Spark (default 0: off)",
+    )
+    parser.add_argument(
+        "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -79,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             zk_timeout=args.zk_timeout,
             http_listen=args.http_listen,
             notify_allow=tuple(args.notify_allow),
+            spark_offload=args.spark_offload,
+            spark_master=args.spark_master,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
         return run_process(options, ROLES[options.role])

@@ -108,6 +108,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
     parser.add_argument(
+        "--spark-offload",
+        type=int,
+        default=0,
+        metavar="N",
+        help="matchers match batches of N updates or more on Spark (default 0: off)",
+    )
+    parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
     )
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             grpc_port=args.grpc_port,
             http_port=args.http_port,
             notify_allow=tuple(args.notify_allow),
+            spark_offload=args.spark_offload,
             zk=args.zk,
             cluster=args.cluster,
             state_dir=Path(args.state_dir),

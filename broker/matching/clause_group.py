@@ -14,8 +14,9 @@ leaves more than a few dozen clauses to be checked one by one.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -34,9 +35,11 @@ __all__ = ["Clause", "ClauseGroup", "CompiledGroup", "Matches"]
 _PENDING_LIMIT = 8  # clauses checked one by one before they are compiled into a run
 
 
-@dataclass(frozen=True, slots=True)
-class Clause:
-    """One entity selector of a subscription; ``slot`` is the subscription's engine number."""
+class Clause(NamedTuple):
+    """One entity selector of a subscription; ``slot`` is the subscription's engine number.
+
+    A named tuple: a bulk load builds one per clause, and a tuple is the cheapest to build.
+    """
 
     subscription: Subscription
     selector: EntitySelector
@@ -283,6 +286,17 @@ class _Run:
             return True
         return False
 
+    def kill_many(self, doomed: npt.NDArray[np.int64]) -> None:
+        """Mark dead the clauses of the run among the group positions ``doomed`` (ascending)."""
+        own = self.positions
+        local = np.searchsorted(own, doomed)
+        inside = local < len(own)
+        local = local[inside]
+        local = local[own[local] == doomed[inside]]
+        if len(local):
+            self.alive &= ~from_positions(local, len(own))
+            self.dead += len(local)
+
 
 class ClauseGroup:
     """The clauses under one (tenant, scope, entity id, entity type) key.
@@ -317,6 +331,20 @@ class ClauseGroup:
         self._pending.append(position)
         self._live += 1
 
+    def add_many(self, clauses: Sequence[Clause]) -> None:
+        """``add`` for each clause, in order."""
+        start = len(self._clauses)
+        self._clauses.extend(clauses)
+        positions = self._positions
+        for position, clause in enumerate(clauses, start):
+            found = positions.get(clause.subscription.id)
+            if found is None:
+                positions[clause.subscription.id] = [position]
+            else:
+                found.append(position)
+        self._pending.extend(range(start, start + len(clauses)))
+        self._live += len(clauses)
+
     def remove(self, subscription_id: str) -> None:
         """Remove every clause of the subscription."""
         for position in self._positions.pop(subscription_id, ()):
@@ -330,9 +358,45 @@ class ClauseGroup:
                     if run.dead * 2 > len(run.positions):
                         self._rebuild(index)
                     break
+        self._renumber_if_sparse()
+
+    def remove_many(self, subscription_ids: Iterable[str]) -> None:
+        """``remove`` for each subscription, with each run rebuilt at most once (when more
+        than half of its clauses are dead at the end)."""
+        removed: list[int] = []
+        positions = self._positions
+        for subscription_id in subscription_ids:
+            removed.extend(positions.pop(subscription_id, ()))
+        if not removed:
+            return
+        clauses = self._clauses
+        for position in removed:
+            clauses[position] = None
+        self._live -= len(removed)
+        if self._pending:
+            self._pending = [p for p in self._pending if clauses[p] is not None]
+        doomed = np.array(sorted(removed), dtype=np.int64)
+        for run in self._runs:
+            run.kill_many(doomed)
+        if not self._renumber_if_sparse():
+            for index in reversed(range(len(self._runs))):
+                run = self._runs[index]
+                if run.dead * 2 > len(run.positions):
+                    self._rebuild(index)
+
+    def _renumber_if_sparse(self) -> bool:
+        """Compile (renumbering the positions) when removed positions outnumber live ones:
+        positions only grow, removed ones would pile up."""
         holes = len(self._clauses) - self._live
         if holes > self._live + _PENDING_LIMIT:
-            self.compile()  # renumber: positions only grow, removed ones would pile up
+            self.compile()
+            return True
+        return False
+
+    def dirty(self) -> bool:
+        """True when ``compile`` would change something: clauses pending, several runs, or
+        dead clauses in a run."""
+        return bool(self._pending) or len(self._runs) > 1 or any(r.dead for r in self._runs)
 
     def compile(self) -> None:
         """Compile every live clause into one run (and renumber the positions)."""

@@ -92,11 +92,17 @@ class Engine:
         self._ids: list[str] = []  # slot -> subscription id ("" while the slot is free)
         self._free_slots: list[int] = []
         self._multi_clause = 0  # subscriptions with several clauses: results need de-duplicating
+        self._version = 0  # counts changes: equal versions hold equal subscriptions
         for subscription in subscriptions:
             self.add(subscription)
 
     def __len__(self) -> int:
         return len(self._subscriptions)
+
+    @property
+    def version(self) -> int:
+        """A number that changes whenever a subscription is added or removed."""
+        return self._version
 
     def __contains__(self, subscription_id: object) -> bool:
         return subscription_id in self._subscriptions
@@ -121,6 +127,7 @@ class Engine:
 
     def add(self, subscription: Subscription) -> None:
         """Add a subscription, replacing any with the same id."""
+        self._version += 1
         if not isinstance(subscription, Subscription):
             raise InvalidSubscription(f"{subscription!r} is not a Subscription")
         if subscription.id in self._subscriptions:
@@ -144,8 +151,57 @@ class Engine:
             group = tenant.group(subscription.service_path, (selector.id, selector.type))
             group.add(Clause(subscription, selector, slot))
 
+    def add_many(self, subscriptions: Iterable[Subscription]) -> None:
+        """``add`` for each subscription, in order, with each group visited once.
+
+        InvalidSubscription, with nothing added, if one of them is not a Subscription.
+        """
+        self._version += 1
+        batch = list(subscriptions)
+        for subscription in batch:
+            if not isinstance(subscription, Subscription):
+                raise InvalidSubscription(f"{subscription!r} is not a Subscription")
+        held = self._subscriptions
+        slot_of, ids, free = self._slot_of, self._ids, self._free_slots
+        by_group: dict[tuple[str, str, _Key], list[Clause]] = {}
+        for subscription in batch:
+            subscription_id = subscription.id
+            if subscription_id in held:
+                self._flush_clauses(by_group)  # the one replaced may have clauses waiting
+                by_group = {}
+                self.remove(subscription_id)
+            held[subscription_id] = subscription
+            if subscription.status is Status.INACTIVE:
+                continue
+            if free:
+                slot = free.pop()
+                ids[slot] = subscription_id
+            else:
+                slot = len(ids)
+                ids.append(subscription_id)
+            slot_of[subscription_id] = slot
+            entities = subscription.entities
+            if len(entities) > 1:
+                self._multi_clause += 1
+            tenant, scope = subscription.tenant, subscription.service_path
+            for selector in entities:
+                where = (tenant, scope, (selector.id, selector.type))
+                clauses = by_group.get(where)
+                if clauses is None:
+                    clauses = by_group[where] = []
+                clauses.append(Clause(subscription, selector, slot))
+        self._flush_clauses(by_group)
+
+    def _flush_clauses(self, by_group: dict[tuple[str, str, _Key], list[Clause]]) -> None:
+        for (tenant_name, scope, key), clauses in by_group.items():
+            tenant = self._tenants.get(tenant_name)
+            if tenant is None:
+                tenant = self._tenants[tenant_name] = _TenantIndex()
+            tenant.group(scope, key).add_many(clauses)
+
     def remove(self, subscription_id: str) -> Subscription:
         """Remove and return a subscription; NotFound if there is none with that id."""
+        self._version += 1
         subscription = self._subscriptions.pop(subscription_id, None)
         if subscription is None:
             raise NotFound(f"no subscription {subscription_id!r}")
@@ -168,12 +224,74 @@ class Engine:
                 del self._tenants[subscription.tenant]
         return subscription
 
+    def remove_many(self, subscription_ids: Iterable[str]) -> list[Subscription]:
+        """Remove and return the subscriptions with these ids (each once), with each group
+        changed once; NotFound, with nothing removed, if one of them is not held."""
+        self._version += 1
+        wanted = list(dict.fromkeys(subscription_ids))
+        held = self._subscriptions
+        for subscription_id in wanted:
+            if subscription_id not in held:
+                raise NotFound(f"no subscription {subscription_id!r}")
+        removed = []
+        slot_of, ids, free = self._slot_of, self._ids, self._free_slots
+        by_group: dict[tuple[str, str, _Key], list[str]] = {}
+        for subscription_id in wanted:
+            subscription = held.pop(subscription_id)
+            removed.append(subscription)
+            slot = slot_of.pop(subscription_id, None)
+            if slot is None:  # inactive: never indexed
+                continue
+            ids[slot] = ""
+            free.append(slot)
+            entities = subscription.entities
+            if len(entities) > 1:
+                self._multi_clause -= 1
+            tenant_of, scope_of = subscription.tenant, subscription.service_path
+            keys = (
+                _keys(subscription) if len(entities) > 1 else ((entities[0].id, entities[0].type),)
+            )
+            for key in keys:
+                where = (tenant_of, scope_of, key)
+                group_ids = by_group.get(where)
+                if group_ids is None:
+                    group_ids = by_group[where] = []
+                group_ids.append(subscription_id)
+        for (tenant_name, scope, key), group_ids in by_group.items():
+            tenant = self._tenants.get(tenant_name)
+            table = tenant.scopes.get(scope) if tenant is not None else None
+            group = table.get(key) if table is not None else None
+            if tenant is not None and group is not None:
+                group.remove_many(group_ids)
+                tenant.drop_if_empty(scope, key)
+        for tenant_name in {name for name, _, _ in by_group}:
+            tenant = self._tenants.get(tenant_name)
+            if tenant is not None and not tenant.scopes:
+                del self._tenants[tenant_name]
+        return removed
+
+    def compaction(self) -> Iterator[int]:
+        """``compact``, one group at a time: each step builds the indexes of one group whose
+        clauses are not all in one clean run, and yields how many clauses it compiled.
+
+        Matching, adding and removing may go on between steps; the groups to build are
+        those of the first step's time (groups added later wait for their first match).
+        """
+        groups = [
+            group
+            for tenant in self._tenants.values()
+            for table in tenant.scopes.values()
+            for group in table.values()
+        ]
+        for group in groups:
+            if group.dirty():
+                group.compile()
+                yield len(group)
+
     def compact(self) -> None:
         """Build every index now (otherwise groups build lazily when they first match)."""
-        for tenant in self._tenants.values():
-            for table in tenant.scopes.values():
-                for group in table.values():
-                    group.compile()
+        for _ in self.compaction():
+            pass
 
     def match(self, update: ContextUpdate, now: float | None = None) -> set[str]:
         """The ids of every subscription that matches ``update``."""
@@ -254,5 +372,5 @@ class Engine:
         return result
 
 
-def _keys(subscription: Subscription) -> set[_Key]:
+def _keys(subscription: Subscription) -> Iterable[_Key]:
     return {(s.id, s.type) for s in subscription.entities}

@@ -96,8 +96,9 @@ def with_change(entity: pb.Entity, change: Change) -> pb.Entity:
     return entity
 
 
-def read_change(data: bytes, entity: pb.Entity) -> Change:
-    """The Change written into an entity's bytes; a change of every attribute if none is."""
+def read_change(data: bytes, entity: pb.Entity | None = None) -> Change:
+    """The Change written into an entity's bytes; a change of every attribute if none is
+    (``entity``: the bytes parsed, if they already are)."""
     body = _field(data)
     if body is not None:
         try:
@@ -111,6 +112,8 @@ def read_change(data: bytes, entity: pb.Entity) -> Change:
             )
         except (ValueError, KeyError, TypeError, msgpack.UnpackException):
             pass  # not ours: read it as a plain update
+    if entity is None:
+        entity = pb.Entity.FromString(data)
     names = frozenset(a.name for a in entity.attributes)
     return Change(Alteration.CHANGE, names, frozenset(), names)
 

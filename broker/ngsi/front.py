@@ -6,7 +6,8 @@ publisher's (one publisher per front, ``<member>/http``, so they keep their orde
 subscriptions are placed through one internal session of the connection point, matched by
 the matchers like any other; the port hands the session's notification batches to
 :meth:`NgsiFront.notify`, which decides (alteration type, condition attributes, status,
-throttling) and queues HTTP requests on the :class:`~broker.ngsi.notifier.Notifier`.
+throttling, status bookkeeping) and hands what fires to the
+:class:`~broker.ngsi.notifier.Notifier`, whose worker process renders and sends the requests.
 
 Concurrent requests are published in batches: each handler queues its entities and waits
 for the batch that carries them to be accepted (:class:`_Publisher`).
@@ -15,38 +16,41 @@ for the batch that carries them to be accepted (:class:`_Publisher`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlencode
 
 import numpy as np
 from aiohttp import web
 
 from broker.errors import NotFound, SilboError
-from broker.model.subscription import AttrsFormat
 from broker.ngsi.allow import AllowList
 from broker.ngsi.cache import DEFAULT_LIMIT, LastValues, Outcome
 from broker.ngsi.change import Change, read_change, with_change
-from broker.ngsi.entity import Attributes, from_wire, render, to_wire
-from broker.ngsi.notifier import DEFAULT_CONCURRENCY, DEFAULT_QUEUE_LIMIT, Notifier, Request
+from broker.ngsi.delivery import Config
+from broker.ngsi.entity import to_wire
+from broker.ngsi.notifier import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_QUEUE_LIMIT,
+    DEFAULT_TOTAL_LIMIT,
+    Notifier,
+)
 from broker.ngsi.request import MAX_BODY, checks
 from broker.ngsi.subscriptions import HttpSubscription, Parsed
 from broker.runtime.options import parse_address
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 
-__all__ = ["ORION_VERSION", "BrokerPort", "FrontOptions", "NgsiFront"]
+__all__ = ["ORION_VERSION", "BrokerPort", "FrontOptions", "NgsiFront", "delivery_config"]
 
 _log = logging.getLogger(__name__)
 
 ORION_VERSION = "3.12.0"  # the Orion release whose API the front follows (clients check it)
 MAX_PUBLISH_BATCH = 1_000
-_NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 
 
 class BrokerPort(Protocol):
@@ -75,6 +79,7 @@ class FrontOptions:
     cache_limit: int = DEFAULT_LIMIT
     concurrency: int = DEFAULT_CONCURRENCY
     queue_limit: int = DEFAULT_QUEUE_LIMIT
+    total_limit: int = DEFAULT_TOTAL_LIMIT
 
 
 class AddressTaken(SilboError):
@@ -91,7 +96,11 @@ class NgsiFront:
         self.cache = LastValues(options.cache_limit)
         self.subscriptions: dict[str, HttpSubscription] = {}  # id -> subscription
         self._by_handle: dict[int, HttpSubscription] = {}
-        self.notifier = Notifier(concurrency=options.concurrency, queue_limit=options.queue_limit)
+        self.notifier = Notifier(
+            concurrency=options.concurrency,
+            queue_limit=options.queue_limit,
+            total_limit=options.total_limit,
+        )
         self._publisher = _Publisher(port)
         self._runner: web.AppRunner | None = None
         self.address = ""
@@ -155,6 +164,7 @@ class NgsiFront:
         subscription.handle = handle
         self.subscriptions[subscription.id] = subscription
         self._by_handle[handle] = subscription
+        self.notifier.configure(subscription, delivery_config(parsed), reset=False)
         return subscription
 
     async def update(
@@ -166,6 +176,7 @@ class NgsiFront:
         if "status" in fields:
             subscription.status = parsed.status
             subscription.fails_counter = 0
+        self.notifier.configure(subscription, delivery_config(parsed), reset="status" in fields)
         matchers_see = (old.selectors, old.q, old.mq, old.expires)
         if matchers_see != (parsed.selectors, parsed.q, parsed.mq, parsed.expires):
             [handle] = await self.port.subscribe([subscription.spec()], replace=True)
@@ -183,30 +194,32 @@ class NgsiFront:
     # -- notifications ----------------------------------------------------------------------
 
     def notify(self, batch: wire.NotificationBatchOut) -> None:
-        """Turn a batch the matchers matched into HTTP notifications (never blocks)."""
+        """Decide which subscriptions a batch the matchers matched notifies, and hand those
+        to the notifier (never blocks)."""
         handles = np.frombuffer(batch.handles, dtype="<u8").tolist()
         indexes = np.frombuffer(batch.entity_index, dtype="<u4").tolist()
         now = time.time()
-        decoded: dict[int, tuple[pb.Entity, Change, Attributes]] = {}
-        counters: dict[int, int] = {}
+        changes: dict[int, Change] = {}
+        chosen: list[HttpSubscription] = []
+        used: dict[int, int] = {}  # the batch's entity index -> the notifier's
+        entity_of: list[int] = []
         for handle, index in zip(handles, indexes, strict=True):
             subscription = self._by_handle.get(handle)
             if subscription is None:
                 continue  # deleted or replaced since it was matched
-            if index not in decoded:
-                data = batch.entities[index]
-                entity = pb.Entity.FromString(data)
-                decoded[index] = (entity, read_change(data, entity), from_wire(entity))
-            entity, change, attributes = decoded[index]
+            change = changes.get(index)
+            if change is None:
+                change = changes[index] = read_change(batch.entities[index])
             if not self._fires(subscription, change, now):
                 continue
-            counters[index] = counters.get(index, 0) + 1
-            request = self._request(subscription, entity, change, attributes, counters[index])
             subscription.times_sent += 1
             subscription.last_notification = now
             if subscription.status == "oneshot":
                 subscription.status = "inactive"
-            self.notifier.send(subscription, request)
+            chosen.append(subscription)
+            entity_of.append(used.setdefault(index, len(used)))
+        if chosen:
+            self.notifier.send([batch.entities[i] for i in used], chosen, entity_of)
 
     @staticmethod
     def _fires(subscription: HttpSubscription, change: Change, now: float) -> bool:
@@ -220,53 +233,34 @@ class NgsiFront:
         last = subscription.last_notification
         return not (p.throttling and last is not None and now - last < p.throttling)
 
-    def _request(
-        self,
-        subscription: HttpSubscription,
-        entity: pb.Entity,
-        change: Change,
-        attributes: Attributes,
-        number: int,
-    ) -> Request:
-        p = subscription.parsed
-        attrs: Sequence[str] | None = p.attrs or None
-        if p.only_changed:
-            touched = change.changed | change.meta_changed
-            wanted = p.attrs or [a for a in attributes if a not in p.except_attrs]
-            attrs = [a for a in wanted if a in touched]
-        if p.covered:
-            attributes = {**{a: _NULL for a in p.attrs}, **attributes}
-        rendered: Any = render(
-            entity.id,
-            entity.type,
-            attributes,
-            p.attrs_format,
-            attrs=attrs,
-            except_attrs=p.except_attrs,
-        )
-        if p.attrs_format in (AttrsFormat.SIMPLIFIED_NORMALIZED, AttrsFormat.SIMPLIFIED_KEY_VALUES):
-            body: Any = rendered
-        else:
-            body = {"subscriptionId": subscription.id, "data": [rendered]}
-        channel = p.channel
-        headers = dict(channel.headers)
-        headers.update(
-            {
-                "Content-Type": "application/json; charset=utf-8",
-                "Accept": "application/json",
-                "User-Agent": f"orion/{ORION_VERSION} silbo",
-                "Fiware-ServicePath": entity.service_path,
-                "Ngsiv2-AttrsFormat": p.attrs_format.value,
-                "Fiware-Correlator": f"{change.correlator or uuid.uuid1()}; cbnotif={number}",
-            }
-        )
-        if entity.tenant:
-            headers["Fiware-Service"] = entity.tenant
-        url = channel.url
-        if channel.qs:
-            url += ("&" if "?" in url else "?") + urlencode(channel.qs)
-        data = json.dumps(body, separators=(",", ":")).encode()
-        return Request(channel.method, url, headers, data, channel.timeout)
+
+def delivery_config(parsed: Parsed) -> Config:
+    """How the delivery worker renders and sends a subscription's notifications."""
+    channel = parsed.channel
+    headers = dict(channel.headers)
+    headers.update(
+        {
+            "Content-Type": "application/json; charset=utf-8",
+            "Accept": "application/json",
+            "User-Agent": f"orion/{ORION_VERSION} silbo",
+            "Ngsiv2-AttrsFormat": parsed.attrs_format.value,
+        }
+    )
+    url = channel.url
+    if channel.qs:
+        url += ("&" if "?" in url else "?") + urlencode(channel.qs)
+    return Config(
+        url,
+        channel.method,
+        tuple(headers.items()),
+        channel.timeout,
+        parsed.attrs_format,
+        parsed.attrs,
+        parsed.except_attrs,
+        parsed.only_changed,
+        parsed.covered,
+        parsed.max_fails_limit,
+    )
 
 
 class _Publisher:

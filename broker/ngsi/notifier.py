@@ -1,157 +1,175 @@
-"""Sending notifications: HTTP requests, bounded, concurrent, and never in the matching path.
+"""Sending notifications: handed to a delivery worker process, never in the matching path.
 
-:meth:`Notifier.send` only queues: each subscription has its own queue (at most
-``queue_limit`` notifications; more are dropped and counted in ``dropped``) drained by one
-task at a time, so a subscription's notifications leave in order and a slow or dead receiver
-holds back only its own subscription. At most ``concurrency`` requests are in flight in all.
+:meth:`Notifier.send` only writes a batch down a pipe to the worker
+(:mod:`broker.ngsi.delivery`), which renders the bodies and sends the requests; the
+connection point's event loop and GIL stay for taking updates. The worker keeps one queue
+per subscription (at most ``queue_limit`` notifications; more are dropped) drained by one
+request at a time, so a subscription's notifications leave in order and a slow or dead
+receiver holds back only its own subscription; at most ``concurrency`` requests are in
+flight in all, and at most ``total_limit`` notifications wait in all: past it, the oldest
+notification of the subscription with the most waiting is dropped. While that many wait,
+the worker reads nothing more from the pipe; once ``buffer_limit`` bytes wait there, new
+notifications are dropped here (the cheapest place). Every drop is counted in the
+subscription's ``dropped``.
 
 What a request's end does to the subscription (Orion's rules, ngsi-v2.md section 5): any
 HTTP answer, 4xx and 5xx included, is a success (``lastSuccess``, ``lastSuccessCode``,
 ``failsCounter`` back to 0); only a transport error (refused, timeout, DNS) is a failure
 (``lastFailure``, ``lastFailureReason``, ``failsCounter`` + 1, and ``inactive`` once it is over
-``maxFailsLimit``; what it still had queued is then dropped). There are no retries.
+``maxFailsLimit``; what it still had queued is then dropped). There are no retries. The
+worker reports these every 10 ms; :meth:`Notifier.configure` numbers each version of a
+subscription it sends, and a report about an older version (before a PATCH) changes its
+times but not its ``failsCounter`` or status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
-from dataclasses import dataclass
+import sys
+from collections.abc import Sequence
+from typing import Any
 
-import aiohttp
+import msgpack
 
+from broker.ngsi.delivery import Config
 from broker.ngsi.subscriptions import HttpSubscription
 
-__all__ = ["Notifier", "Request"]
+__all__ = [
+    "DEFAULT_BUFFER_LIMIT",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_QUEUE_LIMIT",
+    "DEFAULT_TOTAL_LIMIT",
+    "Notifier",
+]
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_CONCURRENCY = 128
-DEFAULT_QUEUE_LIMIT = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One notification ready to go."""
-
-    method: str
-    url: str
-    headers: dict[str, str]
-    body: bytes
-    timeout: float
+DEFAULT_CONCURRENCY = 128  # requests in flight
+DEFAULT_QUEUE_LIMIT = 1_000  # notifications waiting, per subscription
+DEFAULT_TOTAL_LIMIT = 100_000  # notifications waiting, in all
+DEFAULT_BUFFER_LIMIT = 1 << 20  # bytes waiting in the pipe to the worker
 
 
 class Notifier:
-    """Per-subscription queues drained by bounded concurrent requests (see the module doc)."""
+    """The connection point's side of the delivery worker (see the module doc)."""
 
     def __init__(
-        self, *, concurrency: int = DEFAULT_CONCURRENCY, queue_limit: int = DEFAULT_QUEUE_LIMIT
+        self,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        total_limit: int = DEFAULT_TOTAL_LIMIT,
+        buffer_limit: int = DEFAULT_BUFFER_LIMIT,
     ) -> None:
-        self._limit = asyncio.Semaphore(concurrency)
-        self._concurrency = concurrency
-        self._queue_limit = queue_limit
-        self._queues: dict[HttpSubscription, deque[Request]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
-        self.sent = 0
-        self.failed = 0
+        self._arguments = [
+            f"--concurrency={concurrency}",
+            f"--queue-limit={queue_limit}",
+            f"--total-limit={total_limit}",
+            f"--log-level={logging.getLevelName(logging.getLogger().getEffectiveLevel())}",
+        ]
+        self._buffer_limit = buffer_limit
+        self._subscriptions: dict[str, HttpSubscription] = {}
+        self._configs: dict[str, Config] = {}
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def start(self) -> None:
-        """Open the HTTP client."""
-        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        """Start the worker."""
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from broker.ngsi.delivery import main; main()",
+            *self._arguments,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        self._reader = asyncio.get_running_loop().create_task(self._read(self._process))
+        for sid, subscription in self._subscriptions.items():  # a restarted worker
+            self._write(["s", sid, subscription.generation, False, self._configs[sid].to_list()])
 
     async def stop(self) -> None:
-        """Drop what is queued, cancel what is in flight, close the HTTP client."""
-        self._queues.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        """Stop the worker: what is queued is dropped, what is in flight cancelled."""
+        self._stopping = True
+        process = self._process
+        if process is None:
+            return
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 5.0)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
 
-    def send(self, subscription: HttpSubscription, request: Request) -> bool:
-        """Queue a notification; False (and ``dropped`` + 1) if its queue is full."""
-        queue = self._queues.get(subscription)
-        if queue is None:
-            queue = self._queues[subscription] = deque()
-            task = asyncio.get_running_loop().create_task(self._drain(subscription, queue))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        if len(queue) >= self._queue_limit:
-            subscription.dropped += 1
-            return False
-        queue.append(request)
-        return True
+    def configure(self, subscription: HttpSubscription, config: Config, *, reset: bool) -> None:
+        """Hand the worker a new or changed subscription (``reset``: its failsCounter too)."""
+        subscription.generation += 1
+        self._subscriptions[subscription.id] = subscription
+        self._configs[subscription.id] = config
+        self._write(["s", subscription.id, subscription.generation, reset, config.to_list()])
 
     def forget(self, subscription: HttpSubscription) -> None:
-        """Drop what a deleted subscription still had queued."""
-        queue = self._queues.get(subscription)
-        if queue is not None:
-            queue.clear()
+        """Drop a deleted subscription and what it still had queued."""
+        self._subscriptions.pop(subscription.id, None)
+        self._configs.pop(subscription.id, None)
+        self._write(["f", subscription.id])
 
-    async def _drain(self, subscription: HttpSubscription, queue: deque[Request]) -> None:
-        try:
-            while queue:
-                request = queue.popleft()
-                if _failed_out(subscription):
-                    subscription.dropped += len(queue) + 1
-                    queue.clear()  # what was queued before it went inactive is not sent
-                    break
-                async with self._limit:
-                    await self._post(subscription, request)
-        finally:
-            if self._queues.get(subscription) is queue:
-                del self._queues[subscription]
+    def send(
+        self, entities: Sequence[bytes], chosen: Sequence[HttpSubscription], indexes: list[int]
+    ) -> bool:
+        """Queue notifications: subscription ``chosen[i]`` of entity ``entities[indexes[i]]``;
+        False (each counted in ``dropped``) if the worker is too far behind."""
+        if not self._write(["n", list(entities), [s.id for s in chosen], indexes]):
+            for subscription in chosen:
+                subscription.dropped += 1
+            return False
+        return True
 
-    async def _post(self, subscription: HttpSubscription, request: Request) -> None:
-        assert self._session is not None, "the notifier has not started"
-        try:
-            async with self._session.request(
-                request.method,
-                request.url,
-                data=request.body,
-                headers=request.headers,
-                timeout=aiohttp.ClientTimeout(total=request.timeout),
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.failed += 1
-            _failed(subscription, _reason(exc))
-            return
-        self.sent += 1
-        subscription.last_success = time.time()
-        subscription.last_success_code = status
-        subscription.fails_counter = 0
+    def _write(self, message: list[Any]) -> bool:
+        process = self._process
+        if process is None or process.stdin is None or process.stdin.is_closing():
+            return False
+        if (
+            message[0] == "n"
+            and process.stdin.transport.get_write_buffer_size() > self._buffer_limit
+        ):
+            return False
+        process.stdin.write(msgpack.packb(message))
+        return True
 
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
+        while chunk := await process.stdout.read(1 << 20):
+            unpacker.feed(chunk)
+            for _kind, rows in unpacker:
+                self._reported(rows)
+        if not self._stopping:
+            _log.error("the notification worker ended (%s); starting another", await process.wait())
+            await self.start()
 
-def _failed_out(subscription: HttpSubscription) -> bool:
-    limit = subscription.parsed.max_fails_limit
-    return limit is not None and subscription.fails_counter > limit
-
-
-def _failed(subscription: HttpSubscription, reason: str) -> None:
-    subscription.last_failure = time.time()
-    subscription.last_failure_reason = reason
-    subscription.fails_counter += 1
-    limit = subscription.parsed.max_fails_limit
-    if limit is not None and subscription.fails_counter > limit:
-        subscription.status = "inactive"
-        _log.info(
-            "subscription %s is inactive: %d failed notifications in a row",
-            subscription.id,
-            subscription.fails_counter,
-        )
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-        return "Timeout was reached"
-    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionError):
-        return "Couldn't connect to server"
-    return f"notification failed: {exc.__class__.__name__}"
+    def _reported(self, rows: list[list[Any]]) -> None:
+        for sid, generation, success, code, failure, reason, fails, dropped in rows:
+            subscription = self._subscriptions.get(sid)
+            if subscription is None:
+                continue  # deleted since
+            if success is not None:
+                subscription.last_success = success
+                subscription.last_success_code = code
+            if failure is not None:
+                subscription.last_failure = failure
+                subscription.last_failure_reason = reason
+            subscription.dropped += dropped
+            if generation != subscription.generation:
+                continue  # a PATCH since: its failsCounter and status stand
+            subscription.fails_counter = fails
+            limit = subscription.parsed.max_fails_limit
+            if limit is not None and fails > limit and subscription.status != "inactive":
+                subscription.status = "inactive"
+                _log.info(
+                    "subscription %s is inactive: %d failed notifications in a row", sid, fails
+                )

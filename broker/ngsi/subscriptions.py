@@ -354,7 +354,8 @@ class HttpSubscription:
     last_failure: float | None = None
     last_failure_reason: str = ""
     fails_counter: int = 0
-    dropped: int = 0  # notifications refused because its queue was full (not Orion's)
+    dropped: int = 0  # notifications dropped for a full queue (not Orion's)
+    generation: int = 0  # the version of it the delivery worker has (broker.ngsi.notifier)
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -425,6 +426,8 @@ class HttpSubscription:
             notification["lastSuccessCode"] = self.last_success_code
         if self.fails_counter:
             notification["failsCounter"] = self.fails_counter
+        if self.dropped:
+            notification["droppedNotifications"] = self.dropped
         out["notification"] = notification
         if "expires" in doc:
             out["expires"] = iso(p.expires or 0.0)

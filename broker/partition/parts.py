@@ -13,20 +13,25 @@ part loads nothing.
 
 The functions take the engine through two one-method protocols, so they work with the
 indexed :class:`~broker.matching.engine.Engine` and the reference matcher alike.
+:func:`pack_part_pieces` and :func:`unpack_part_pieces` do the work of :func:`pack_part` and
+:func:`unpack_part` a slice of subscriptions at a time, so that a matcher can go on matching
+between slices while it packs or decodes a large part on its event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import msgpack
 
 from broker.errors import InvalidInput, SerializationError
 from broker.model.subscription import Subscription
 from broker.partition.selector import Selector
 from broker.serialization import (
     gc_paused,
-    pack_envelope,
+    packb,
     subscription_from_obj,
     subscription_to_obj,
     unpack_envelope,
@@ -40,13 +45,16 @@ __all__ = [
     "SubscriptionSource",
     "load",
     "pack_part",
+    "pack_part_pieces",
     "split",
     "split_moved",
     "unpack_part",
+    "unpack_part_pieces",
 ]
 
 PART_KIND = "silbo.part"
 PART_VERSION = 1
+PIECE = 1000  # subscriptions packed or decoded per piece
 
 
 class SubscriptionSource(Protocol):
@@ -114,32 +122,80 @@ def load(part: bytes, into: SubscriptionSink, owner: str | None = None) -> int:
 
 def pack_part(owner: str, subscriptions: Sequence[Subscription]) -> bytes:
     """The part for ``owner`` holding ``subscriptions``."""
-    with gc_paused():
-        body = [owner, len(subscriptions), [subscription_to_obj(s) for s in subscriptions]]
-        return pack_envelope(PART_KIND, PART_VERSION, body)
+    return b"".join(pack_part_pieces(owner, subscriptions))
+
+
+def pack_part_pieces(
+    owner: str, subscriptions: Sequence[Subscription], size: int = PIECE
+) -> Iterator[bytes]:
+    """The bytes of ``pack_part(owner, subscriptions)`` in pieces, each packing at most
+    ``size`` subscriptions (the first, the envelope's head)."""
+    # [kind, version, [owner, count, [subscription, ...]]]: the last array is written last
+    head = msgpack.Packer()
+    yield b"".join(
+        (
+            head.pack_array_header(3),
+            packb(PART_KIND),
+            packb(PART_VERSION),
+            head.pack_array_header(3),
+            packb(owner),
+            packb(len(subscriptions)),
+            head.pack_array_header(len(subscriptions)),
+        )
+    )
+    for start in range(0, len(subscriptions), size):
+        with gc_paused():
+            piece = b"".join(
+                packb(subscription_to_obj(s)) for s in subscriptions[start : start + size]
+            )
+        yield piece
 
 
 def unpack_part(part: bytes, owner: str | None = None) -> Part:
     """Decode a part; SerializationError if it is corrupt, inconsistent or (with ``owner``)
     meant for another owner."""
+    found_owner, items = _items(part, owner)
+    return Part(found_owner, _decode(found_owner, items, 0, len(items)))
+
+
+def unpack_part_pieces(
+    part: bytes, owner: str | None = None, size: int = PIECE
+) -> Iterator[list[Subscription]]:
+    """The subscriptions of ``unpack_part(part, owner)`` in pieces of at most ``size``.
+
+    The msgpack and the header are checked before the first piece; a SerializationError for
+    a bad subscription comes with its piece.
+    """
+    found_owner, items = _items(part, owner)
+    for start in range(0, len(items), size):
+        yield _decode(found_owner, items, start, min(start + size, len(items)))
+
+
+def _items(part: bytes, owner: str | None) -> tuple[str, list[Any]]:
+    """A part's owner and its subscriptions, still as msgpack objects."""
     with gc_paused():
         body = unpack_envelope(part, PART_KIND, PART_VERSION)
-        found_owner, count, items = _header(body)
-        if owner is not None and found_owner != owner:
-            raise SerializationError(f"part is for {found_owner!r}, not {owner!r}")
-        if count != len(items):
-            raise SerializationError(
-                f"part for {found_owner!r} declares {count} subscriptions but holds {len(items)}"
-            )
-        subscriptions = []
-        for position, item in enumerate(items):
+    found_owner, count, items = _header(body)
+    if owner is not None and found_owner != owner:
+        raise SerializationError(f"part is for {found_owner!r}, not {owner!r}")
+    if count != len(items):
+        raise SerializationError(
+            f"part for {found_owner!r} declares {count} subscriptions but holds {len(items)}"
+        )
+    return found_owner, items
+
+
+def _decode(owner: str, items: list[Any], start: int, end: int) -> list[Subscription]:
+    subscriptions = []
+    with gc_paused():
+        for position in range(start, end):
             try:
-                subscriptions.append(subscription_from_obj(item))
+                subscriptions.append(subscription_from_obj(items[position]))
             except SerializationError as exc:
                 raise SerializationError(
-                    f"part for {found_owner!r}, subscription {position}: {exc}"
+                    f"part for {owner!r}, subscription {position}: {exc}"
                 ) from exc
-    return Part(found_owner, subscriptions)
+    return subscriptions
 
 
 def _header(body: Any) -> tuple[str, int, list[Any]]:

@@ -19,7 +19,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,10 @@ from broker.coordination.scale import report as scale_report
 from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
 from broker.model.subscription import Subscription
-from broker.partition.parts import split_moved, unpack_part
+from broker.model.update import ContextUpdate
+from broker.partition.parts import pack_part_pieces, unpack_part, unpack_part_pieces
+from broker.partition.selector import id_hashes
+from broker.roles.matcher_dump import owned_parts
 from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
@@ -42,6 +45,7 @@ from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.convert import trusted_update_from_obj
+from spark_matcher.offload import Offload
 
 __all__ = ["Matcher"]
 
@@ -51,6 +55,7 @@ _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
 COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
 LOAD_SLICE = 2000  # received subscriptions added per hold of the lock
+DRAIN_SLICE = 1000  # subscriptions that moved away removed per turn of the event loop
 _SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a matcher's parts
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
@@ -71,16 +76,6 @@ class _Scaling:
     received_bytes: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """A snapshot of subscriptions, as ``split_moved`` reads them (off the event loop)."""
-
-    held: list[Subscription]
-
-    def subscriptions(self) -> Iterator[Subscription]:
-        return iter(self.held)
-
-
 def _grown(array: npt.NDArray[Any], size: int, fill: object) -> npt.NDArray[Any]:
     grown = np.full(size, fill, dtype=array.dtype)
     grown[: len(array)] = array
@@ -99,6 +94,9 @@ class Matcher(wire_grpc.MatcherServicer):
         self._in_old: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
         self._in_new: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
         self._scaling: _Scaling | None = None
+        # After a scale: the ids that moved away and are still held (masked out of results
+        # by _in_new until a slice of _drain removes them)
+        self._draining: list[str] = []
         self._pending_parts: list[wire.Part] = []
         self._access_points: Peers | None = None
         self._matchers: Peers | None = None
@@ -109,8 +107,10 @@ class Matcher(wire_grpc.MatcherServicer):
         self._links: dict[int, Link] = {}  # exit point sequence -> link
         self._lock = asyncio.Lock()
         self._compaction: asyncio.TimerHandle | None = None
+        self._compacting: asyncio.Task[None] | None = None
         self._connection_points: Peers | None = None
         self._seen_connection_points: set[int] = set()
+        self._offload: Offload | None = None  # --spark-offload: large batches go to Spark
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_MatcherServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -127,6 +127,11 @@ class Matcher(wire_grpc.MatcherServicer):
         self._matchers = Peers(context.zk, "matcher", context.loop)
         self._scale_view = ScaleView(context.zk, context.loop)
         self._scale_view.on_change(self._follow_scale)
+        if context.options.spark_offload:
+            self._offload = Offload(
+                context.options.spark_offload, context.options.spark_master or None
+            )
+            self._offload.start()
 
     def _forget_departed(self) -> None:
         """Drop the subscriptions of connection points that left (their sessions are gone).
@@ -167,6 +172,14 @@ class Matcher(wire_grpc.MatcherServicer):
     def status(self) -> tuple[int, int]:
         current = self._config.current if self._config else None
         return (current.epoch if current else 0), len(self._engine)
+
+    async def Subscriptions(
+        self, request: wire.Empty, context: grpc.aio.ServicerContext[wire.Empty, wire.Part]
+    ) -> AsyncIterator[wire.Part]:
+        """The subscriptions this matcher owns now (see broker.roles.matcher_dump)."""
+        current = self._config.current if self._config else None
+        async for part in owned_parts(self._engine, self._ctx().name, current):
+            yield part
 
     # -- the inbound stream of one access point -----------------------------------------
 
@@ -227,14 +240,33 @@ class Matcher(wire_grpc.MatcherServicer):
 
     def _compact(self) -> None:
         self._compaction = None
-        started = time.perf_counter()
-        self._engine.compact()
-        self._ctx().metrics.stage_seconds.labels(stage="compact").observe(
-            time.perf_counter() - started
-        )
+        if self._compacting is not None:
+            self._compacting.cancel()  # what it built stays built; the new one does the rest
+        self._compacting = self._spawn(self._compact_groups())
+
+    async def _compact_groups(self) -> None:
+        """Build the indexes one group at a time, matching in between (a large index takes
+        seconds to build whole); groups already built are skipped."""
+        spent = 0.0
+        steps = self._engine.compaction()
+        while True:
+            started = time.perf_counter()
+            done = next(steps, None) is None
+            spent += time.perf_counter() - started
+            if done:
+                break
+            await asyncio.sleep(0)
+        self._ctx().metrics.stage_seconds.labels(stage="compact").observe(spent)
         # The subscriptions live long: keep them out of the collector's scans, so that a full
         # collection in the middle of matching does not walk the whole index (latency spikes).
         gc.freeze()
+        self._compacting = None
+
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = self._ctx().loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _unsubscribe(self, unsubscriptions: wire.Unsubscriptions) -> wire.RequestAck:
         missing = [i for i in unsubscriptions.ids if i not in self._engine]
@@ -274,14 +306,55 @@ class Matcher(wire_grpc.MatcherServicer):
 
     # -- matching -----------------------------------------------------------------------
 
+    async def _match_on_spark(
+        self, offload: Offload, batch: list[ContextUpdate]
+    ) -> list[npt.NDArray[np.int64]] | None:
+        """The engine's answer for ``batch``, computed by Spark on a worker thread (None if
+        Spark failed: the engine then matches the batch). Outside a scale only: the slots
+        count for every epoch."""
+        started = time.perf_counter()
+        now = time.time()
+        version = self._engine.version
+        snapshot = None if offload.current(version, now) else self._engine.subscriptions()
+        loop = asyncio.get_running_loop()
+        try:
+            found = await loop.run_in_executor(None, offload.match, version, snapshot, batch, now)
+        except Exception:
+            _log.exception(
+                "Spark failed on a batch of %d updates; the engine matches it", len(batch)
+            )
+            return None
+        slot_of = self._engine.slot_of
+        results = []
+        for ids in found:
+            slots = [slot for i in ids if (slot := slot_of(i)) is not None]
+            results.append(np.array(sorted(slots), dtype=np.int64))
+        self._ctx().metrics.stage_seconds.labels(stage="spark").observe(
+            time.perf_counter() - started
+        )
+        return results
+
     async def _match(self, access_point: str, updates: wire.Updates) -> None:
         ctx = self._ctx()
         started = time.perf_counter()
         batch = [trusted_update_from_obj(obj) for obj in unpackb(updates.matchable)]
-        results = self._engine.match_batch_slots(batch)
+        results = None
+        offload = self._offload
+        if (
+            offload is not None
+            and self._scaling is None
+            and not self._draining
+            and offload.wanted(len(batch))
+        ):
+            results = await self._match_on_spark(offload, batch)
+        if results is None:
+            results = self._engine.match_batch_slots(batch)
         if self._scaling is not None:  # count each subscription in its epoch only
             plan = self._scaling.plan
             counts = self._in_old if updates.epoch <= plan.old.epoch else self._in_new
+            results = [slots[counts[slots]] for slots in results]
+        elif self._draining:  # what moved away is still held: leave it out
+            counts = self._in_new
             results = [slots[counts[slots]] for slots in results]
         count = len(batch)
         lengths = np.fromiter(map(len, results), dtype=np.int64, count=count)
@@ -385,6 +458,8 @@ class Matcher(wire_grpc.MatcherServicer):
         if previous is None or previous.plan.id != plan.id:
             if previous is not None:  # its end has not reached this matcher's view yet
                 self._settle(previous, completed=plan.old.epoch >= previous.plan.new.epoch)
+            self._drop_moved(self._draining)  # the new plan starts from a clean engine
+            self._draining = []
             scaling = self._scaling = _Scaling(plan)
             pending, self._pending_parts = self._pending_parts, []
             for part in pending:
@@ -409,12 +484,16 @@ class Matcher(wire_grpc.MatcherServicer):
         if ctx.name not in plan.old.matchers:
             await self._check_ready(scaling)
             return
-        held = list(self._engine.subscriptions())
-        ids = [s.id for s in held]
-        before, after = plan.old.selector.owners_of(ids), plan.new.selector.owners_of(ids)
-        leaving = [
-            s for s, o, n in zip(held, before, after, strict=True) if o == ctx.name and n != o
-        ]
+        held = self._engine.subscriptions()
+        hashes = id_hashes([s.id for s in held])
+        old, new = plan.old.selector, plan.new.selector
+        here = new.owners.index(ctx.name) if ctx.name in new.owners else -1
+        after = new.owner_indices(hashes)
+        where = np.flatnonzero(
+            (old.owner_indices(hashes) == old.owners.index(ctx.name)) & (after != here)
+        )
+        leaving = [held[i] for i in where.tolist()]
+        owners = [new.owners[i] for i in after[where].tolist()]
         moved = [s.id for s in leaving]
         for subscription_id in moved:
             slot = self._engine.slot_of(subscription_id)
@@ -425,19 +504,32 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
         # Sent without holding the lock: two matchers sending each other parts would
         # otherwise wait for each other forever. Matching goes on meanwhile.
-        task = ctx.loop.create_task(self._send_parts(scaling, leaving), name=_SENDING_PARTS)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._send_parts(scaling, leaving, owners)).set_name(_SENDING_PARTS)
 
-    async def _send_parts(self, scaling: _Scaling, leaving: list[Subscription]) -> None:
-        """Pack what leaves (on a thread: matching goes on in the loop) and send each new
-        owner its part."""
+    async def _send_parts(
+        self, scaling: _Scaling, leaving: list[Subscription], owners: list[str]
+    ) -> None:
+        """Pack what leaves (``owners``: the new owner of each) a piece at a time, matching in
+        between, and send each new owner its part (an empty one if nothing goes to it).
+
+        On the event loop rather than a thread: a packing thread holds the interpreter lock
+        for most of every switch interval, and matching would wait for it at every turn.
+        """
         ctx = self._ctx()
         plan = scaling.plan
+        groups: dict[str, list[Subscription]] = {
+            owner: [] for owner in plan.new.selector.owners if owner != ctx.name
+        }
+        for subscription, owner in zip(leaving, owners, strict=True):
+            groups[owner].append(subscription)
         try:
-            parts = await asyncio.to_thread(
-                split_moved, _Held(leaving), plan.old.selector, plan.new.selector, ctx.name
-            )
+            parts = {}
+            for owner, group in groups.items():
+                pieces = []
+                for piece in pack_part_pieces(owner, group):
+                    pieces.append(piece)
+                    await asyncio.sleep(0)
+                parts[owner] = b"".join(pieces)
             await asyncio.gather(
                 *(
                     self._transfer(
@@ -478,9 +570,14 @@ class Matcher(wire_grpc.MatcherServicer):
                 self._pending_parts.append(part)  # its plan has not reached us yet
                 _log.info("scale: part from %s waits for its plan", part.sender)
                 return wire.Empty()
-        # Decoded on a thread, before taking the lock: matching goes on meanwhile.
-        name = self._ctx().name
-        subscriptions = await asyncio.to_thread(lambda: unpack_part(part.data, name).subscriptions)
+        # Decoded a piece at a time, without the lock, matching in between (see _send_parts).
+        # What is decoded and added lives long: frozen at once (see _compact_groups), else
+        # each full collection meanwhile would scan all that came before it.
+        subscriptions: list[Subscription] = []
+        for piece in unpack_part_pieces(part.data, self._ctx().name):
+            subscriptions += piece
+            gc.freeze()
+            await asyncio.sleep(0)
         # Added a slice at a time, letting matching in between: what is added counts for the
         # new epoch only, so old-epoch updates match as before.
         for start in range(0, len(subscriptions), LOAD_SLICE):
@@ -488,6 +585,7 @@ class Matcher(wire_grpc.MatcherServicer):
                 if self._scaling is None or self._scaling.plan.id != part.plan:
                     return wire.Empty()  # the plan ended: its rollback drops what was added
                 self._add_received(subscriptions[start : start + LOAD_SLICE])
+            gc.freeze()
         async with self._lock:
             if self._scaling is None or self._scaling.plan.id != part.plan:
                 return wire.Empty()
@@ -496,8 +594,8 @@ class Matcher(wire_grpc.MatcherServicer):
         return wire.Empty()
 
     def _add_received(self, subscriptions: Sequence[Subscription]) -> None:
+        self._engine.add_many(subscriptions)
         for subscription in subscriptions:
-            self._engine.add(subscription)
             self._remember(subscription.id, int(subscription.subscriber, 16), old=False)
 
     def _load(
@@ -525,7 +623,8 @@ class Matcher(wire_grpc.MatcherServicer):
         scaling.received += len(subscriptions)
         scaling.received_bytes += len(part.data)
         self._ctx().metrics.subscriptions.set(len(self._engine))
-        self._schedule_compaction()
+        if scaling.parts_from >= set(scaling.plan.old.matchers) - {self._ctx().name}:
+            self._schedule_compaction()  # once, after the last part: each would rebuild it all
 
     async def _check_ready(self, scaling: _Scaling) -> None:
         ctx = self._ctx()
@@ -560,9 +659,7 @@ class Matcher(wire_grpc.MatcherServicer):
         scaling = self._scaling
         if plan is not None:
             if self._pending_parts and scaling is None:
-                task = self._ctx().loop.create_task(self._adopt(plan))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._adopt(plan))
             return
         ended = view.ended if view else None
         if ended is not None:  # parts of an ended plan that still wait never count
@@ -581,26 +678,65 @@ class Matcher(wire_grpc.MatcherServicer):
         every epoch) or rolled back (what was received goes; parts still on their way are
         stopped, so none reaches a receiver that has rolled back already)."""
         if completed:
-            for subscription_id in scaling.moved_out:
-                if subscription_id in self._engine:
-                    self._engine.remove(subscription_id)
-                    self._handle_of.pop(subscription_id, None)
+            self._draining += scaling.moved_out
         else:
             for task in list(self._tasks):
                 if task.get_name() == _SENDING_PARTS:
                     task.cancel()
             ended = scaling.plan.id
             self._pending_parts = [p for p in self._pending_parts if p.plan != ended]
-            for subscription_id in list(self._handle_of):  # drop what was received
+            received = []
+            for subscription_id in self._handle_of:  # drop what was received
                 slot = self._engine.slot_of(subscription_id)
                 if slot is not None and not self._in_old[slot]:
-                    self._engine.remove(subscription_id)
-                    del self._handle_of[subscription_id]
+                    received.append(subscription_id)
+            self._engine.remove_many(received)
+            for subscription_id in received:
+                del self._handle_of[subscription_id]
         self._in_old[:] = True
         self._in_new[:] = True
         if self._scaling is scaling:
             self._scaling = None
         self._ctx().metrics.subscriptions.set(len(self._engine))
+        if self._draining:
+            self._mask_draining()
+            self._spawn(self._drain())
+
+    def _mask_draining(self) -> None:
+        """Leave the subscriptions that moved away out of every result until they are gone."""
+        slot_of = self._engine.slot_of
+        slots = [slot_of(i) for i in self._draining]
+        held = np.array([s for s in slots if s is not None], dtype=np.int64)
+        self._in_old[held] = False
+        self._in_new[held] = False
+
+    async def _drain(self) -> None:
+        """Remove the subscriptions that moved away a slice at a time, matching in between
+        (half a million removed at once would stop matching for seconds)."""
+        while self._draining:
+            await asyncio.sleep(0)
+            chunk = self._draining[-DRAIN_SLICE:]
+            del self._draining[-DRAIN_SLICE:]
+            self._drop_moved(chunk)
+        if self._scaling is None:  # else the plan that started owns the masks
+            self._in_old[:] = True
+            self._in_new[:] = True
+        self._ctx().metrics.subscriptions.set(len(self._engine))
+        self._schedule_compaction()
+
+    def _drop_moved(self, ids: Sequence[str]) -> None:
+        """Remove those of ``ids`` that are still held as moved away (masked out of the new
+        epoch: one received again since then counts, and stays)."""
+        engine, counts = self._engine, self._in_new
+        gone = []
+        for subscription_id in ids:
+            if subscription_id in engine:
+                slot = engine.slot_of(subscription_id)
+                if slot is None or not counts[slot]:
+                    gone.append(subscription_id)
+        engine.remove_many(gone)
+        for subscription_id in gone:
+            self._handle_of.pop(subscription_id, None)
 
     async def _adopt(self, plan: ScalePlan) -> None:
         """Load the parts that came before ``plan`` reached this matcher (those of another

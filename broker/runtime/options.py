@@ -38,6 +38,8 @@ class ProcessOptions:
     ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
     ``http_listen`` is where a connection point serves NGSI v2 over HTTP ('' for not at all);
     ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md).
+    ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
+    (0: never), on ``spark_master`` ('' for local; docs/spark.md).
     """
 
     role: Role
@@ -49,6 +51,8 @@ class ProcessOptions:
     zk_timeout: float = 10.0
     http_listen: str = ""
     notify_allow: tuple[str, ...] = ()
+    spark_offload: int = 0
+    spark_master: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -69,6 +73,10 @@ class ProcessOptions:
             problems.append(f"--cluster {self.cluster!r} must be a non-empty name without '/'")
         if self.http_listen and self.role is not Role.CONNECTION_POINT:
             problems.append("--http-listen is for connection points only")
+        if self.spark_offload < 0:
+            problems.append("--spark-offload must not be negative")
+        if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:
+            problems.append("--spark-offload and --spark-master are for matchers only")
         if self.zk_timeout <= 0:
             problems.append("the ZooKeeper timeout must be positive")
         if problems:

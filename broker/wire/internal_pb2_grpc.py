@@ -116,6 +116,11 @@ class MatcherStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.Part.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Subscriptions = channel.unary_stream(
+                '/broker.wire.Matcher/Subscriptions',
+                request_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.Part.FromString,
+                _registered_method=True)
 
 
 class MatcherServicer:
@@ -133,6 +138,14 @@ class MatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Subscriptions(self, request, context):
+        """The subscriptions this matcher owns in the current configuration, in parts of at most a
+        few thousand (plan empty; epoch the configuration's), for `silbo replay --state-dir`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_MatcherServicer_to_server(servicer, server):
                     servicer.Transfer,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.Part.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
+            ),
+            'Subscriptions': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscriptions,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.Part.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -201,6 +219,33 @@ class Matcher:
             '/broker.wire.Matcher/Transfer',
             broker_dot_wire_dot_internal__pb2.Part.SerializeToString,
             broker_dot_wire_dot_internal__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/broker.wire.Matcher/Subscriptions',
+            broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.Part.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,403 @@
+"""``silbo replay``: match a file of updates against a set of subscriptions, on Spark.
+
+    silbo replay --updates FILE (--subscriptions FILE | --state-dir DIR) --out FILE
+                 [--master URL] [--partitions P]
+
+``--updates`` is JSON lines (one NGSI v2 entity in normalized form per line, with the
+optional ``tenant`` and ``servicePath``) or a ``.parquet`` with those columns.
+``--subscriptions`` is a JSON array of NGSI v2 subscriptions as Orion lists them (each with
+its ``id``; ``tenant`` and ``servicePath`` give the scope it was created under), read with
+the HTTP front's validation; ``--state-dir`` takes instead the subscriptions a running
+cluster (``silbo up``) holds now, and its matchers' partitioning. ``--out`` gets one row per
+match, ``(update, subscription)``: ``.parquet`` (written by Spark) or ``.jsonl`` (sorted by
+update, then subscription). ``update`` is the 0-based position of the update in its file.
+
+Progress goes to stderr, the summary to stdout. Bad input (a file that cannot be read, a
+line or a subscription that is not valid) is one line naming the file, the line or the
+subscription, and the field, exit status 2; a failure of Spark or of the cluster is one
+line with its cause, exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+
+from broker.commands.admin import cluster_address
+from broker.commands.publish import positive_int
+from broker.coordination.client import connect
+from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.membership import members
+from broker.errors import InvalidInput, QuerySyntaxError, SilboError
+from broker.model.identifiers import DEFAULT_SCOPE, check_scope, check_tenant
+from broker.model.subscription import Subscription
+from broker.ngsi.allow import AllowList
+from broker.ngsi.subscriptions import HttpSubscription, parse_document
+from broker.partition.parts import unpack_part
+from broker.partition.selector import RendezvousSelector
+from broker.runtime.link import CHANNEL_OPTIONS
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+from broker.wire.convert import subscription_from_spec
+from spark_matcher.entities import InputError
+
+__all__ = [
+    "HELP",
+    "ReplayFailed",
+    "cluster_subscriptions",
+    "configure",
+    "main",
+    "read_subscriptions",
+    "run",
+]
+
+HELP = "match a file of updates against subscriptions on Spark (docs/spark.md)"
+_PROG = "silbo replay"
+_FORMATS = (".parquet", ".jsonl")
+_ANY_URL = AllowList.parse(["*"])  # replay sends nothing: every notification URL is fine
+_SCOPE_FIELDS = ("tenant", "servicePath")
+_FIELD = re.compile(
+    r"^((?:subject|notification|description|expires|status|throttling)(?:\.\w+|\[\d+\])*)"
+    r":?\s+(.*)$",
+    re.DOTALL,
+)
+_POLL = 0.5  # seconds between looks at Spark's progress
+
+
+class ReplayFailed(SilboError):
+    """Spark or the cluster failed (not the input)."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``silbo replay``."""
+    parser.add_argument("--updates", required=True, type=Path, help="JSON lines or .parquet")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--subscriptions", type=Path, help="a JSON array of NGSI v2 subscriptions")
+    source.add_argument(
+        "--state-dir", type=Path, help="the subscriptions of a cluster started by silbo up"
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the matches: .parquet or .jsonl")
+    parser.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--partitions",
+        type=positive_int,
+        default=None,
+        help="key partitions with --subscriptions (default 1); a cluster's: its matchers",
+    )
+    parser.set_defaults(handler=run)
+
+
+# -- subscriptions --------------------------------------------------------------------------
+
+
+def read_subscriptions(path: Path) -> list[Subscription]:
+    """The subscriptions of a JSON array of NGSI v2 subscriptions (InputError otherwise)."""
+    source = str(path)
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(source, 0, "", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(source, 0, "", f"not UTF-8 text ({exc.reason})") from None
+    except ValueError as exc:
+        line = getattr(exc, "lineno", 0)
+        raise InputError(source, line, "", f"not JSON: {exc}") from None
+    if not isinstance(body, list):
+        raise InputError(source, 0, "", "subscriptions must be a JSON array")
+    found: list[Subscription] = []
+    seen: set[str] = set()
+    for index, document in enumerate(body):
+        where = f"{source}: subscription {index}"
+        subscription = _subscription(document, where)
+        if subscription.id in seen:
+            raise InputError(where, 0, "id", f"subscription id {subscription.id!r} is repeated")
+        seen.add(subscription.id)
+        found.append(subscription)
+    return found
+
+
+def _subscription(document: Any, where: str) -> Subscription:
+    """A subscription as the NGSI front would place it with the matchers."""
+    if not isinstance(document, dict):
+        raise InputError(where, 0, "", "a subscription must be a JSON object")
+    subscription_id = document.get("id")
+    if not isinstance(subscription_id, str) or not subscription_id:
+        raise InputError(where, 0, "id", "a subscription needs its id (a non-empty string)")
+    try:
+        tenant = check_tenant(document.get("tenant", ""))
+    except InvalidInput as exc:
+        raise InputError(where, 0, "tenant", str(exc)) from None
+    try:
+        scope = check_scope(document.get("servicePath", DEFAULT_SCOPE))
+    except InvalidInput as exc:
+        raise InputError(where, 0, "servicePath", str(exc)) from None
+    body = {k: v for k, v in document.items() if k not in _SCOPE_FIELDS}
+    try:
+        parsed = parse_document(body, _ANY_URL)
+        spec = HttpSubscription(subscription_id, tenant, scope, parsed).spec()
+        return subscription_from_spec(spec, id=subscription_id, subscriber="0")
+    except SilboError as exc:
+        field, reason = _field_of(exc)
+        raise InputError(where, 0, field, reason) from None
+
+
+def _field_of(exc: SilboError) -> tuple[str, str]:
+    """The document field an error of the front's validation is about, and the rest of it."""
+    text = str(exc)
+    if isinstance(exc, QuerySyntaxError):
+        name = "mq" if text.startswith("in mq") else "q"
+        return f"subject.condition.expression.{name}", text
+    for word, field in (
+        ("pattern ", "subject.entities"),
+        ("unknown alterationType", "subject.condition.alterationTypes"),
+        ("condition attribute", "subject.condition.attrs"),
+        ("subscription id", "id"),
+    ):
+        if text.startswith(word):
+            return field, text
+    match = _FIELD.match(text)
+    return (match.group(1), match.group(2)) if match else ("", text)
+
+
+def cluster_subscriptions(state_dir: Path) -> tuple[list[Subscription], Configuration]:
+    """What the matchers of the cluster ``silbo up --state-dir`` runs hold now, and the
+    configuration they hold it under."""
+    where = argparse.Namespace(zk=None, cluster=None, state_dir=str(state_dir))
+    hosts, cluster = cluster_address(where)
+    client = connect(hosts, cluster=cluster, timeout=10.0)
+    try:
+        current = ClusterConfiguration(client).read()
+        addresses = {m.name: m.address for m in members(client, "matcher")}
+    finally:
+        client.stop()
+        client.close()
+    if current is None:
+        raise ReplayFailed(f"cluster {cluster} is not formed (no configuration)")
+    configuration = current.configuration
+    found: list[Subscription] = []
+    for name in configuration.matchers:
+        if name not in addresses:
+            raise ReplayFailed(f"matcher {name} of cluster {cluster} is not running")
+        found += _matcher_subscriptions(name, addresses[name], configuration.epoch)
+    return found, configuration
+
+
+def _matcher_subscriptions(name: str, address: str, epoch: int) -> list[Subscription]:
+    found: list[Subscription] = []
+    try:
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = wire_grpc.MatcherStub(channel)  # type: ignore[no-untyped-call]
+            parts: Iterator[wire.Part] = stub.Subscriptions(wire.Empty(), timeout=120.0)
+            for part in parts:
+                if part.epoch != epoch:
+                    raise ReplayFailed(
+                        f"the cluster was scaled while its subscriptions were read (epoch "
+                        f"{epoch}, matcher {name} at {part.epoch}); run the replay again"
+                    )
+                found += unpack_part(part.data, name).subscriptions
+    except grpc.RpcError as exc:
+        detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        raise ReplayFailed(
+            f"matcher {name} at {address} did not list its subscriptions: {detail}"
+        ) from None
+    return found
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class Progress:
+    """One line per step on ``out``; while Spark works, its jobs' progress (a line rewritten
+    in place on a terminal, a line every few seconds otherwise)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._tty = out.isatty()
+        self._started = time.monotonic()
+
+    def step(self, text: str) -> None:
+        """Say what is being done now."""
+        self._out.write(f"[{time.monotonic() - self._started:6.1f} s] {text}\n")
+        self._out.flush()
+
+    @contextmanager
+    def spark(self, spark: Any, what: str) -> Iterator[None]:
+        """Show the progress of Spark's stages while the block runs."""
+        self.step(what)
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch, args=(spark.sparkContext.statusTracker(), done), daemon=True
+        )
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
+    def _watch(self, tracker: Any, done: threading.Event) -> None:
+        shown, last = "", 0.0
+        every = _POLL if self._tty else 5.0
+        while not done.wait(_POLL):
+            text = _stages(tracker)
+            if not text or text == shown or time.monotonic() - last < every:
+                continue
+            shown, last = text, time.monotonic()
+            if self._tty:
+                self._out.write(f"\r\x1b[K  {text}")
+            else:
+                self._out.write(f"  {text}\n")
+            self._out.flush()
+        if self._tty and shown:
+            self._out.write("\r\x1b[K")
+            self._out.flush()
+
+
+def _stages(tracker: Any) -> str:
+    """The active stages as ``stage 3: 5/8 tasks``, joined."""
+    shown = []
+    for stage_id in sorted(tracker.getActiveStageIds()):
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            shown.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks")
+    return ", ".join(shown)
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    """Replay the updates; print a summary line. Exit 0, 2 for bad input, 1 for failures."""
+    try:
+        return _replay(args, Progress(sys.stderr))
+    except InvalidInput as exc:
+        print(f"{_PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except SilboError as exc:
+        print(f"{_PROG}: failed: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # Spark's errors are Py4J and PySpark exceptions of all kinds
+        if not _from_spark(exc):
+            raise
+        print(f"{_PROG}: Spark failed: {_cause(exc)}", file=sys.stderr)
+        return 1
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    if args.out.suffix not in _FORMATS:
+        raise InvalidInput(f"--out {args.out}: the name must end in .parquet or .jsonl")
+    if not args.out.parent.is_dir():
+        raise InvalidInput(f"--out {args.out}: no directory {args.out.parent}")
+    if args.state_dir is not None and args.partitions is not None:
+        raise InvalidInput("--partitions goes with --subscriptions (a cluster has its matchers)")
+    updates = args.updates
+    if not updates.exists():
+        raise InputError(str(updates), 0, "", "no such file")
+    if updates.is_file():
+        try:
+            with updates.open("rb") as readable:
+                readable.read(1)
+        except OSError as exc:
+            raise InputError(str(updates), 0, "", exc.strerror or str(exc)) from None
+    elif updates.suffix != ".parquet":
+        raise InputError(str(updates), 0, "", "not a file")
+
+
+def _replay(args: argparse.Namespace, progress: Progress) -> int:
+    from spark_matcher.match import SparkMatcher
+    from spark_matcher.session import spark_session
+    from spark_matcher.source import read_lines
+
+    started = time.monotonic()
+    _check_paths(args)
+    selector: RendezvousSelector | None = None
+    if args.state_dir is not None:
+        progress.step(f"reading the subscriptions of the cluster of {args.state_dir}")
+        subscriptions, configuration = cluster_subscriptions(args.state_dir)
+        selector, partitions = configuration.selector, len(configuration.matchers)
+    else:
+        progress.step(f"reading subscriptions from {args.subscriptions}")
+        subscriptions, partitions = read_subscriptions(args.subscriptions), args.partitions or 1
+    progress.step("starting Spark")
+    spark = spark_session(args.master)
+    progress.step(
+        f"planning {len(subscriptions)} subscriptions in {partitions} partitions "
+        f"(Spark master {spark.sparkContext.master})"
+    )
+    with SparkMatcher(spark, subscriptions, partitions=partitions, selector=selector) as matcher:
+        with progress.spark(spark, f"reading and checking {args.updates}"):
+            lines = read_lines(spark, args.updates)
+            frame = matcher.match_frame(lines, validate=True, source=str(args.updates))
+        with progress.spark(spark, f"matching and writing {args.out}"):
+            matches = _write(frame, args.out)
+        updates = lines.count()
+    took = time.monotonic() - started
+    print(
+        f"{updates} updates, {len(subscriptions)} subscriptions: {matches} matches "
+        f"written to {args.out} in {took:.1f} s"
+    )
+    return 0
+
+
+def _write(frame: Any, out: Path) -> int:
+    """Write the matches, sorted; how many there were."""
+    ordered = frame.orderBy("update", "subscription")
+    if out.suffix == ".parquet":
+        ordered.write.mode("overwrite").parquet(str(out))
+        count: int = ordered.sparkSession.read.parquet(str(out)).count()
+        return count
+    count = 0
+    with out.open("w", encoding="utf-8") as written:
+        for update, subscription in ordered.toLocalIterator():
+            written.write(json.dumps({"update": update, "subscription": subscription}))
+            written.write("\n")
+            count += 1
+    return count
+
+
+def _from_spark(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
+
+
+def _cause(exc: BaseException) -> str:
+    """The root cause of a Spark error, in one line."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            while java.getCause() is not None:
+                java = java.getCause()
+            return str(java.toString()).splitlines()[0]
+        except Exception:  # the JVM may be gone: fall back on the Python text
+            pass
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if "Traceback" in str(exc):  # an error of a Python worker: its last line says what
+        return lines[-1]
+    return lines[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``silbo replay`` on its own: parse ``argv`` (default ``sys.argv[1:]``) and run it."""
+    parser = argparse.ArgumentParser(prog=_PROG, description=HELP)
+    configure(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
