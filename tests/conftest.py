@@ -15,12 +15,14 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
+from spark_matcher.session import spark_session
 
 settings.register_profile(
     "ci",
@@ -62,6 +64,13 @@ def zookeeper() -> Iterator[EmbeddedZooKeeper]:
     """A standalone ZooKeeper server for the whole test session."""
     with EmbeddedZooKeeper() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The process's SparkSession on local[2], started once for every Spark test (a cold
+    start takes ~10 s; Spark's own exit hook stops it)."""
+    yield spark_session("local[2]")
 
 
 StartCluster = Callable[..., LocalCluster]
