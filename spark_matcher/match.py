@@ -31,7 +31,7 @@ from broker.model.update import ContextUpdate
 from broker.partition.selector import RendezvousSelector
 from broker.serialization import packb, subscription_to_obj
 from spark_matcher.plan import BASE, GRAM, SEP, MatchPlan, build_plan
-from spark_matcher.source import parse_updates, updates_frame
+from spark_matcher.source import parse_updates, sql_string, updates_frame
 
 __all__ = ["CHECK_SQL", "VERIFY_SQL", "SparkMatcher", "update_keys_sql"]
 
@@ -48,10 +48,6 @@ _FILTER_SCHEMA = (
 )
 _KEY_SCHEMA = "key STRING, clause INT"
 _NAN = "CAST('NaN' AS DOUBLE)"
-
-
-def _lit(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _key(kind: str, value: str | None = None) -> str:
@@ -72,7 +68,8 @@ def update_keys_sql(plan: MatchPlan) -> str:
 
     Refers to the columns ``tenant``, ``eid``, ``etype``, ``attrs`` and, for the i-th
     numeric driving attribute, ``b<i>`` (its bin)."""
-    head = f"concat(tenant, {_lit(SEP)}"
+    sep = sql_string(SEP)
+    head = f"concat(tenant, {sep}"
     parts = [
         _key(f"{head}, 'i{SEP}', eid)"),
         _key(f"{head}, 't{SEP}', etype)"),
@@ -82,8 +79,8 @@ def update_keys_sql(plan: MatchPlan) -> str:
     numeric = sorted(plan.numeric)
     levels = plan.levels
     for name in sorted(set(plan.numeric) | set(plan.strings)):
-        v = f"try_element_at(attrs, {_lit(name)})"
-        base = f"{head}, {_lit(name + SEP)}"
+        v = f"try_element_at(attrs, {sql_string(name)})"
+        base = f"{head}, {sql_string(name + SEP)}"
         array_key = _key(f"{base}, 'A')", v)
         cases = [f"WHEN {v}.kind = 'a' THEN array({array_key})"]
         if name in plan.numeric:
@@ -92,7 +89,7 @@ def update_keys_sql(plan: MatchPlan) -> str:
             cases.append(
                 f"WHEN {v}.kind = 'n' THEN transform(sequence(0, {count - 1}), l -> "
                 + _key(
-                    f"{base}, 'n', l, {_lit(SEP)}, CAST(floor({b} / pow({BASE}, l)) AS BIGINT))",
+                    f"{base}, 'n', l, {sep}, CAST(floor({b} / pow({BASE}, l)) AS BIGINT))",
                     v,
                 )
                 + ")"
@@ -102,14 +99,14 @@ def update_keys_sql(plan: MatchPlan) -> str:
             s = f"{v}.str"
             pieces = []
             if "e" in kinds:
-                equal = _key(f"{base}, {_lit('e' + SEP)}, {s})", v)
+                equal = _key(f"{base}, {sql_string('e' + SEP)}, {s})", v)
                 pieces.append(f"array({equal})")
             for op in ("p", "s"):
                 for length in range(1, GRAM + 1):
                     if f"{op}{length}" not in kinds:
                         continue
                     cut = f"substr({s}, 1, {length})" if op == "p" else f"right({s}, {length})"
-                    key = _key(f"{base}, {_lit(f'{op}{length}{SEP}')}, {cut})", v)
+                    key = _key(f"{base}, {sql_string(f'{op}{length}{SEP}')}, {cut})", v)
                     pieces.append(
                         f"CASE WHEN length({s}) >= {length} THEN array({key}) ELSE array() END"
                     )
@@ -118,7 +115,7 @@ def update_keys_sql(plan: MatchPlan) -> str:
                     f"array_distinct(transform(sequence(1, length({s}) - {GRAM - 1}), "
                     f"i -> substr({s}, i, {GRAM})))"
                 )
-                key = _key(f"{base}, {_lit('c' + SEP)}, g)", v)
+                key = _key(f"{base}, {sql_string('c' + SEP)}, g)", v)
                 pieces.append(
                     f"CASE WHEN length({s}) >= {GRAM} THEN transform({grams}, g -> {key}) "
                     "ELSE array() END"
@@ -127,14 +124,12 @@ def update_keys_sql(plan: MatchPlan) -> str:
         terms.append(f"CASE {' '.join(cases)} ELSE array() END")
     keys = f"concat({', '.join(terms)})"
     # once plain (clauses scoped /#) and once per other scope covering the path
-    tags = (
-        f"concat(array(''), transform(filter(scopes, s -> s != '/#'), s -> concat(s, {_lit(SEP)})))"
-    )
+    tags = f"concat(array(''), transform(filter(scopes, s -> s != '/#'), s -> concat(s, {sep})))"
     heads = (
         f"transform({tags}, t -> concat('0{SEP}', t))"
         if plan.partitions == 1
         else f"flatten(transform(sequence(0, {plan.partitions - 1}), p -> "
-        f"transform({tags}, t -> concat(p, {_lit(SEP)}, t))))"
+        f"transform({tags}, t -> concat(p, {sep}, t))))"
     )
     return (
         f"flatten(transform({heads}, h -> transform({keys}, k -> named_struct('key', "
@@ -331,7 +326,6 @@ class SparkMatcher:
         if now >= self.plan.valid_until:
             raise ValueError("a subscription has expired since the tables were built")
         updates = parse_updates(
-            self._spark,
             lines,
             attributes=self.plan.attributes,
             validate=validate,
@@ -341,7 +335,7 @@ class SparkMatcher:
         numeric = sorted(self.plan.numeric)
         binned = [n for n in numeric if self.plan.numeric[n]]
         for index, name in enumerate(numeric):
-            v = f"try_element_at(attrs, {_lit(name)})"
+            v = f"try_element_at(attrs, {sql_string(name)})"
             value = f"CASE WHEN {v}.kind = 'n' THEN coalesce({v}.num, {_NAN}) ELSE {_NAN} END"
             updates = updates.withColumn(
                 f"n{index}" if name in binned else f"b{index}",

@@ -39,7 +39,6 @@ class Offload:
         self._version: object = None
         self._failed: str | None = None
         self.batches = 0  # batches matched on Spark so far
-        self.updates = 0
 
     def start(self) -> None:
         """Start the SparkSession on a background thread (a cold start takes ~10 s)."""
@@ -87,7 +86,6 @@ class Offload:
             self._version = version
         found: list[set[str]] = self._matcher.match(batch, now=now)
         self.batches += 1
-        self.updates += len(batch)
         _log.info(
             "matched a batch of %d updates on Spark in %.2f s (%d batches so far)",
             len(batch),

@@ -17,6 +17,7 @@ with the file, the line and the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ from broker.model.attribute import parse_iso8601
 from broker.model.update import ContextUpdate
 from spark_matcher.entities import InputError, update_from_json, write_updates
 
-__all__ = ["MAX_DATES", "parse_updates", "read_lines", "updates_frame"]
+__all__ = ["MAX_DATES", "parse_updates", "read_lines", "sql_string", "updates_frame"]
 
 _ATTRS_TYPE = "map<string, struct<kind: string, num: double, str: string>>"
 
@@ -83,11 +84,11 @@ def _attribute(name: str, date_map: str, date_kind: str) -> str:
     """The ``(kind, num, str)`` struct of one attribute of the variant ``v`` (kind NULL when
     the update does not carry it)."""
     at = _at(name)
-    whole = f"variant_get(v, {_quote(at)})"
-    value = f"variant_get(v, {_quote(at + '.value')})"
+    whole = f"variant_get(v, {sql_string(at)})"
+    value = f"variant_get(v, {sql_string(at + '.value')})"
     schema = f"schema_of_variant({value})"
     is_date = (
-        f"(try_variant_get(v, {_quote(at + '.type')}, 'string') IN ('DateTime', 'ISO8601') "
+        f"(try_variant_get(v, {sql_string(at + '.type')}, 'string') IN ('DateTime', 'ISO8601') "
         f"AND {schema} = 'STRING')"
     )
     kind = (
@@ -108,7 +109,6 @@ def _attribute(name: str, date_map: str, date_kind: str) -> str:
 
 
 def parse_updates(
-    spark: Any,
     lines: Any,
     *,
     attributes: Sequence[str] = (),
@@ -131,18 +131,18 @@ def parse_updates(
     if cached is not None:
         cached.append(parsed)
     if validate:
-        _check(spark, lines, strict=strict, source=source)
+        _check(lines, strict=strict, source=source)
     dates = _dates(parsed, None if validate else attributes, source=source)
     date_map = (
         "map()"
         if not dates
-        else "map(" + ", ".join(f"{_quote(k)}, CAST({v!r} AS DOUBLE)" for k, v in dates) + ")"
+        else "map(" + ", ".join(f"{sql_string(k)}, CAST({v!r} AS DOUBLE)" for k, v in dates) + ")"
     )
     date_kind = "'n'" if dates is not None else "'x'"
     names = sorted(set(attributes))
     structs = {name: _attribute(name, date_map, date_kind) for name in names}
     attrs = (
-        "map(" + ", ".join(f"{_quote(n)}, {e}" for n, e in structs.items()) + ")"
+        "map(" + ", ".join(f"{sql_string(n)}, {e}" for n, e in structs.items()) + ")"
         if names
         else f"CAST(map() AS {_ATTRS_TYPE})"
     )
@@ -166,7 +166,8 @@ def parse_updates(
     ).where(F.col("eid").isNotNull())
 
 
-def _quote(text: str) -> str:
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
@@ -196,7 +197,8 @@ def _dates(
         )
     elif attributes:
         named = ", ".join(
-            dated(f"variant_get(v, {_quote(_at(n))})", _quote(n)) for n in sorted(set(attributes))
+            dated(f"variant_get(v, {sql_string(_at(n))})", sql_string(n))
+            for n in sorted(set(attributes))
         )
         every = f"explode(filter(array({named}), d -> d.text IS NOT NULL))"
     else:
@@ -218,7 +220,7 @@ def _dates(
     return None if len(rows) > MAX_DATES else found
 
 
-def _check(spark: Any, lines: Any, *, strict: bool, source: str) -> None:
+def _check(lines: Any, *, strict: bool, source: str) -> None:
     """InputError for the first line that is not a valid update."""
     from pyspark.sql import functions as F
 
@@ -289,12 +291,8 @@ def _check(spark: Any, lines: Any, *, strict: bool, source: str) -> None:
         field, _, reason = problem_text.partition(": ")
         # the reference reading words the reason the way every other error is worded
         row = parsed.where(F.col("update") == line).select("text").collect()
-        try:
+        with contextlib.suppress(ValueError):  # not JSON to Python: the native reason stands
             update_from_json(json.loads(row[0][0]), strict=strict, source=source, line=line + 1)
-        except InputError:
-            raise
-        except ValueError:
-            pass
         raise InputError(source, line + 1, field, reason)
 
 

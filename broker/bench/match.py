@@ -43,6 +43,8 @@ __all__ = [
     "make_matcher",
     "measure_build",
     "measure_matching",
+    "non_negative",
+    "positive",
     "run",
 ]
 
@@ -471,11 +473,13 @@ def _integer(text: str, least: int) -> int:
     return value
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
     return _integer(text, 1)
 
 
-def _non_negative(text: str) -> int:
+def non_negative(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
     return _integer(text, 0)
 
 
@@ -483,18 +487,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench match`` options to ``parser`` and make it run :func:`run`."""
     parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     parser.add_argument(
-        "--subscriptions", "-n", type=_positive, required=True, metavar="N",
+        "--subscriptions", "-n", type=positive, required=True, metavar="N",
         help="subscriptions to index",
     )  # fmt: skip
     parser.add_argument(
-        "--updates", "-m", type=_positive, metavar="M",
+        "--updates", "-m", type=positive, metavar="M",
         help="updates matched per run (default: 20000 iot/text, 2000 dense)",
     )  # fmt: skip
-    parser.add_argument("--runs", "-r", type=_positive, default=5, help="timed runs (default 5)")
+    parser.add_argument("--runs", "-r", type=positive, default=5, help="timed runs (default 5)")
     parser.add_argument(
-        "--batch", "-b", type=_positive, default=1000, help="updates per match_batch call"
+        "--batch", "-b", type=positive, default=1000, help="updates per match_batch call"
     )
-    parser.add_argument("--seed", "-s", type=_non_negative, default=1, help="generator seed")
+    parser.add_argument("--seed", "-s", type=non_negative, default=1, help="generator seed")
     parser.add_argument("--engine", choices=ENGINES, default="indexed")
     parser.add_argument(
         "--memory", choices=MEMORY_METHODS, default="tracemalloc",
@@ -502,12 +506,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "build; see docs/benchmarks.md)",
     )  # fmt: skip
     parser.add_argument(
-        "--baseline", type=_non_negative, default=0, metavar="K",
+        "--baseline", type=non_negative, default=0, metavar="K",
         help="also match the first K updates with the reference matcher, in this run: "
         "speed-up and mismatches (default 0, off)",
     )  # fmt: skip
     parser.add_argument(
-        "--churn", type=_non_negative, default=0, metavar="P",
+        "--churn", type=non_negative, default=0, metavar="P",
         help="one more timed pass adding P new subscriptions and removing P old ones after "
         "every batch (default 0, off)",
     )  # fmt: skip

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.bench.match import machine_info
+from broker.bench.match import machine_info, non_negative, positive
 from broker.bench.workloads import WORKLOADS
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
@@ -71,24 +71,6 @@ def _partitions_arg(text: str) -> list[int]:
         return parse_partitions(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _integer(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _integer(text, 1)
-
-
-def _non_negative(text: str) -> int:
-    return _integer(text, 0)
 
 
 def _per_s(count: int, seconds: float) -> float:
@@ -375,21 +357,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench spark`` options to ``parser`` and make it run :func:`run`."""
     parser.add_argument("--workload", required=True, choices=SPARK_WORKLOADS)
     parser.add_argument(
-        "--subscriptions", "-n", type=_positive, required=True, metavar="N",
+        "--subscriptions", "-n", type=positive, required=True, metavar="N",
         help="subscriptions to match against",
     )  # fmt: skip
     parser.add_argument(
-        "--updates", "-m", type=_positive, required=True, metavar="M", help="updates matched"
+        "--updates", "-m", type=positive, required=True, metavar="M", help="updates matched"
     )
     parser.add_argument(
         "--partitions", "-p", type=_partitions_arg, default=[1], metavar="P[,P2,...]",
         help="Spark matcher partition counts, each timed (default 1)",
     )  # fmt: skip
-    parser.add_argument("--runs", "-r", type=_positive, default=3, help="timed runs (default 3)")
+    parser.add_argument("--runs", "-r", type=positive, default=3, help="timed runs (default 3)")
     parser.add_argument(
-        "--batch", "-b", type=_positive, default=1000, help="updates per engine batch"
+        "--batch", "-b", type=positive, default=1000, help="updates per engine batch"
     )
-    parser.add_argument("--seed", "-s", type=_non_negative, default=1, help="generator seed")
+    parser.add_argument("--seed", "-s", type=non_negative, default=1, help="generator seed")
     parser.add_argument(
         "--master", default=None, help="Spark master URL (default: SILBO_SPARK_MASTER or local[*])"
     )

@@ -57,17 +57,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
+    add_spark_offload(parser)
+    parser.add_argument(
+        "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
+    )
+    parser.set_defaults(handler=run)
+
+
+def add_spark_offload(parser: argparse.ArgumentParser) -> None:
+    """Add ``--spark-offload N`` (``silbo run`` and ``silbo up``: docs/spark.md)."""
     parser.add_argument(
         "--spark-offload",
         type=int,
         default=0,
         metavar="N",
-        help="matchers: match batches of N updates or more on Spark (default 0: off)",
+        help="matchers match batches of N updates or more on Spark (default 0: off)",
     )
-    parser.add_argument(
-        "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
-    )
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

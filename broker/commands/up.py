@@ -44,6 +44,7 @@ from broker.cluster.local import (
     LocalCluster,
     PortTaken,
 )
+from broker.commands.run import add_spark_offload
 from broker.coordination.errors import (
     JavaNotFound,
     PortInUse,
@@ -107,13 +108,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
-    parser.add_argument(
-        "--spark-offload",
-        type=int,
-        default=0,
-        metavar="N",
-        help="matchers match batches of N updates or more on Spark (default 0: off)",
-    )
+    add_spark_offload(parser)
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
     )
