@@ -290,6 +290,11 @@ class SparkMatcher:
         self._F = F
         self.planning_s = time.perf_counter() - started
 
+    @property
+    def valid_until(self) -> float:
+        """The first expiry among the subscriptions held: build a new matcher then."""
+        return self.plan.valid_until
+
     def close(self) -> None:
         """Drop the cached tables and the files behind them."""
         self.release()

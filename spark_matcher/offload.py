@@ -2,7 +2,8 @@
 
 Off by default. When on, the matcher starts its SparkSession in the background; once it is
 up, every batch of at least ``threshold`` updates that arrives outside a scale is matched by
-:class:`~spark_matcher.match.SparkMatcher` on a worker thread, and the matcher goes on with
+:func:`spark_matcher.open_matcher` (the ``engine`` method unless told otherwise) on a
+worker thread, and the matcher goes on with
 the results exactly as with its own engine's: the same partial results, to the same exit
 points, in the same order (the matcher handles one batch at a time, so nothing overtakes
 it). The subscription tables are rebuilt only when the subscriptions change or one of them
@@ -29,10 +30,15 @@ _log = logging.getLogger(__name__)
 class Offload:
     """Matches a matcher's large batches on Spark (see the module docstring)."""
 
-    def __init__(self, threshold: int, master: str | None = None) -> None:
+    def __init__(self, threshold: int, master: str | None = None, method: str = "engine") -> None:
+        from spark_matcher import METHODS
+
         if threshold < 1:
             raise ValueError(f"the offload threshold must be at least 1, got {threshold}")
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
         self.threshold = threshold
+        self.method = method
         self._master = master
         self._spark: Any = None
         self._matcher: Any = None
@@ -61,7 +67,7 @@ class Offload:
     def current(self, version: object, now: float) -> bool:
         """Whether the tables built for subscriptions ``version`` still hold at ``now``."""
         matcher = self._matcher
-        return matcher is not None and version == self._version and now < matcher.plan.valid_until
+        return matcher is not None and version == self._version and now < matcher.valid_until
 
     def match(
         self,
@@ -75,14 +81,14 @@ class Offload:
         ``subscriptions`` is a snapshot of the matcher's subscriptions, taken on its event
         loop, when the tables must be built again (None when :meth:`current` said they
         hold)."""
-        from spark_matcher.match import SparkMatcher
+        from spark_matcher import open_matcher
 
         started = time.perf_counter()
         if subscriptions is not None:
             if self._matcher is not None:
                 self._matcher.close()
                 self._matcher = None
-            self._matcher = SparkMatcher(self._spark, subscriptions, now=now)
+            self._matcher = open_matcher(self._spark, subscriptions, method=self.method, now=now)
             self._version = version
         found: list[set[str]] = self._matcher.match(batch, now=now)
         self.batches += 1

@@ -65,6 +65,7 @@ __all__ = [
     "dyadic_cover",
     "levels",
     "literal_regex",
+    "live",
     "partition_selector",
 ]
 
@@ -359,7 +360,7 @@ def build_plan(
     """
     selector = selector or partition_selector(partitions)
     owners = {name: index for index, name in enumerate(selector.owners)}
-    held = [s for s in subscriptions if _live(s, now)]
+    held = [s for s in subscriptions if live(s, now)]
     parts = selector.owners_of([s.id for s in held]) if held else []
     clauses: list[ClausePlan] = []
     filters: dict[tuple[str, str, bool, bool], FilterPart] = {}
@@ -427,7 +428,8 @@ def build_plan(
     )
 
 
-def _live(subscription: Subscription, now: float) -> bool:
+def live(subscription: Subscription, now: float) -> bool:
+    """Whether ``subscription`` is matched at ``now`` (active and not expired)."""
     if subscription.status is Status.INACTIVE:
         return False
     return subscription.expires is None or subscription.expires > now

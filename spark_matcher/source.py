@@ -27,7 +27,15 @@ from broker.model.attribute import parse_iso8601
 from broker.model.update import ContextUpdate
 from spark_matcher.entities import InputError, update_from_json, write_updates
 
-__all__ = ["MAX_DATES", "parse_updates", "read_lines", "sql_string", "updates_frame"]
+__all__ = [
+    "MAX_DATES",
+    "check_dates",
+    "check_lines",
+    "parse_updates",
+    "read_lines",
+    "sql_string",
+    "updates_frame",
+]
 
 _ATTRS_TYPE = "map<string, struct<kind: string, num: double, str: string>>"
 
@@ -131,7 +139,7 @@ def parse_updates(
     if cached is not None:
         cached.append(parsed)
     if validate:
-        _check(lines, strict=strict, source=source)
+        check_lines(lines, strict=strict, source=source)
     dates = _dates(parsed, None if validate else attributes, source=source)
     date_map = (
         "map()"
@@ -220,8 +228,15 @@ def _dates(
     return None if len(rows) > MAX_DATES else found
 
 
-def _check(lines: Any, *, strict: bool, source: str) -> None:
-    """InputError for the first line that is not a valid update."""
+def check_dates(lines: Any, *, source: str = "<input>") -> None:
+    """InputError for the first DateTime value of ``(update, text)`` lines that is not an
+    ISO 8601 date (among the first :data:`MAX_DATES` distinct texts)."""
+    _dates(lines.select("update", _sql("try_parse_json(text)").alias("v")), None, source=source)
+
+
+def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> None:
+    """InputError for the first line that is not a valid update (DateTime values apart:
+    :func:`check_dates`)."""
     from pyspark.sql import functions as F
 
     parsed = lines.select(

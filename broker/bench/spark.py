@@ -1,8 +1,8 @@
 """``silbo bench spark``: the Spark matcher against the in-process engine, on the same input.
 
     silbo bench spark --workload iot|dense --subscriptions N --updates M
-                      [--partitions P[,P2,...]] [--runs R] [--batch B] [--seed S]
-                      [--master URL] [--json] [--quiet]
+                      [--partitions P[,P2,...]] [--methods engine,join] [--runs R]
+                      [--batch B] [--seed S] [--master URL] [--json] [--quiet]
 
 One invocation:
 
@@ -12,10 +12,12 @@ One invocation:
    matches a small untimed warm-up slice, then, per run, matches all M updates in batches
    of ``--batch`` through ``match_batch_slots`` and counts the matches (``match_s``);
 3. starts the SparkSession (``session_s``), runs one small untimed warm-up job (when M is
-   above 1,000), then, per run and per partition count P: builds a
-   :class:`~spark_matcher.match.SparkMatcher` (``planning_s``) and times reading the file
-   and counting the match frame (``job_s``: ``read_lines`` + ``match_frame(...).count()``).
-   ``total_s`` is planning plus job.
+   above 1,000), then, per run, per method (``engine``: the engine in every Spark task;
+   ``join``: relational joins; see :mod:`spark_matcher`) and per partition count P: builds
+   the matcher (``planning_s``) and times reading the file and counting the rows of the
+   match frame, one per (update, subscription) (``job_s``: ``read_lines`` +
+   ``match_frame(...).count()``; for the engine method this includes building the engines
+   in Spark's Python workers). ``total_s`` is planning plus job.
 
 Wall times on a shared machine move with its load: ``cpu_s`` (CPU seconds of this process,
 plus, for Spark, of the local JVM and its Python workers) is reported beside them.
@@ -45,7 +47,7 @@ from broker.bench.workloads import WORKLOADS
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
 
-__all__ = ["MatchMismatch", "benchmark", "configure", "parse_partitions", "run"]
+__all__ = ["MatchMismatch", "benchmark", "configure", "parse_methods", "parse_partitions", "run"]
 
 SPARK_WORKLOADS = ("dense", "iot")
 WARMUP = 1000  # updates (and subscriptions) of the untimed warm-up passes
@@ -64,6 +66,24 @@ def parse_partitions(text: str) -> list[int]:
     if not counts or any(p < 1 for p in counts):
         raise ValueError(f"partitions: every count must be at least 1, got {text!r}")
     return counts
+
+
+def parse_methods(text: str) -> list[str]:
+    """``"engine,join"`` as ``["engine", "join"]``; ValueError for an unknown method."""
+    from spark_matcher import METHODS
+
+    methods = list(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [m for m in methods if m not in METHODS]
+    if not methods or unknown:
+        raise ValueError(f"methods: expected some of {', '.join(METHODS)}, got {text!r}")
+    return methods
+
+
+def _methods_arg(text: str) -> list[str]:
+    try:
+        return parse_methods(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _partitions_arg(text: str) -> list[int]:
@@ -126,14 +146,19 @@ def _spark_cpu_s(spark: Any) -> float | None:
 
 
 def _spark_pass(
-    spark: Any, subscriptions: Sequence[Subscription], path: Path, partitions: int, now: float
+    spark: Any,
+    subscriptions: Sequence[Subscription],
+    path: Path,
+    partitions: int,
+    now: float,
+    method: str,
 ) -> dict[str, Any]:
     """Plan, read and match once: planning_s, job_s, total_s, cpu_s and matches."""
-    from spark_matcher.match import SparkMatcher
+    from spark_matcher import open_matcher
     from spark_matcher.source import read_lines
 
     cpu = _spark_cpu_s(spark)
-    matcher = SparkMatcher(spark, subscriptions, now=now, partitions=partitions)
+    matcher = open_matcher(spark, subscriptions, method=method, now=now, partitions=partitions)
     try:
         started = time.perf_counter()
         lines = read_lines(spark, path)
@@ -151,10 +176,10 @@ def _spark_pass(
     }
 
 
-def _check(engine_matches: int, spark_matches: int, partitions: int, run: int) -> None:
+def _check(engine_matches: int, spark_matches: int, label: str, run: int) -> None:
     if engine_matches != spark_matches:
         raise MatchMismatch(
-            f"run {run}, P={partitions}: Spark found {spark_matches:,} matches, "
+            f"run {run}, {label}: Spark found {spark_matches:,} matches, "
             f"the engine {engine_matches:,}"
         )
 
@@ -176,6 +201,8 @@ def benchmark(
     partitions = list(args.partitions)
     if not partitions or any(p < 1 for p in partitions):
         raise ValueError(f"partitions: every count must be at least 1, got {partitions}")
+    methods = list(getattr(args, "methods", None) or ["engine", "join"])
+    parse_methods(",".join(methods))
     if args.runs < 1 or args.subscriptions < 1 or args.updates < 1 or args.batch < 1:
         raise ValueError("runs, subscriptions, updates and batch must be at least 1")
     progress = say or (lambda message: None)
@@ -242,38 +269,42 @@ def benchmark(
         master = spark.sparkContext.master
         progress(f"Spark session ({master}) in {session_s:.1f} s")
         warmup_s = 0.0
-        if m > WARMUP:  # one small job first, so that the first timed one is not the JVM's first
+        if m > WARMUP:  # small jobs first, so that the first timed one is not the JVM's first
             started = time.perf_counter()
-            _spark_pass(spark, subscriptions[:WARMUP], warm_path, partitions[0], now)
+            for method in methods:
+                _spark_pass(spark, subscriptions[:WARMUP], warm_path, partitions[0], now, method)
             warmup_s = time.perf_counter() - started
-            progress(f"warm-up job ({WARMUP:,} subscriptions and updates) in {warmup_s:.1f} s")
-        spark_runs: dict[int, list[dict[str, Any]]] = {p: [] for p in partitions}
+            progress(f"warm-up jobs ({WARMUP:,} subscriptions and updates) in {warmup_s:.1f} s")
+        cases = [(method, p) for method in methods for p in partitions]
+        spark_runs: dict[tuple[str, int], list[dict[str, Any]]] = {case: [] for case in cases}
         for run in range(1, args.runs + 1):
-            for p in partitions:
-                figures = _spark_pass(spark, subscriptions, path, p, now)
-                spark_runs[p].append(figures)
+            for method, p in cases:
+                figures = _spark_pass(spark, subscriptions, path, p, now, method)
+                spark_runs[method, p].append(figures)
                 progress(
-                    f"Spark run {run}/{args.runs}, P={p}: planning {figures['planning_s']:.1f} s "
+                    f"Spark run {run}/{args.runs}, {method} P={p}: "
+                    f"planning {figures['planning_s']:.1f} s "
                     f"+ job {figures['job_s']:.1f} s = {figures['total_s']:.1f} s "
                     f"(CPU {figures['cpu_s'] or 0:.1f} s), "
                     f"{_per_s(m, figures['total_s']):,.0f} updates/s, "
                     f"{figures['matches']:,} matches"
                 )
-                _check(engine_matches, figures["matches"], p, run)
+                _check(engine_matches, figures["matches"], f"{method} P={p}", run)
         for number, record in enumerate(engine_runs, 1):
             if record["matches"] != engine_matches:
                 raise MatchMismatch(f"engine run {number} found {record['matches']:,} matches")
 
     match_s = statistics.median(r["match_s"] for r in engine_runs)
     spark_report = []
-    for p in partitions:
-        records = spark_runs[p]
+    for method, p in cases:
+        records = spark_runs[method, p]
         planning = statistics.median(r["planning_s"] for r in records)
         job = statistics.median(r["job_s"] for r in records)
         total = statistics.median(r["total_s"] for r in records)
         cpus = [r["cpu_s"] for r in records if r["cpu_s"] is not None]
         spark_report.append(
             {
+                "method": method,
                 "partitions": p,
                 "planning_s": planning,
                 "job_s": job,
@@ -297,6 +328,7 @@ def benchmark(
         "seed": args.seed,
         "master": master,
         "partitions": partitions,
+        "methods": methods,
         "matches": engine_matches,
         "matches_agree": True,
         "generation_s": subscriptions_s + updates_s,
@@ -339,7 +371,7 @@ def _table(report: dict[str, Any]) -> str:
     for s in report["spark"]:
         rows.append(
             (
-                f"Spark P={s['partitions']}",
+                f"Spark {s['method']} P={s['partitions']}",
                 f"planning {s['planning_s']:.2f} s + job {s['job_s']:.2f} s = "
                 f"{s['total_s']:.2f} s, CPU {s['cpu_s'] or 0:.1f} s "
                 f"({s['updates_per_s']:,.0f} updates/s; "
@@ -366,6 +398,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partitions", "-p", type=_partitions_arg, default=[1], metavar="P[,P2,...]",
         help="Spark matcher partition counts, each timed (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--methods", type=_methods_arg, default=["engine", "join"], metavar="M[,M2]",
+        help="Spark methods timed: engine, join (default both)",
     )  # fmt: skip
     parser.add_argument("--runs", "-r", type=positive, default=3, help="timed runs (default 3)")
     parser.add_argument(

@@ -94,6 +94,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="key partitions with --subscriptions (default 1); a cluster's: its matchers",
     )
+    parser.add_argument(
+        "--method",
+        choices=("engine", "join"),
+        default="engine",
+        help="engine: the matchers' engine in every Spark task (default); join: relational "
+        "joins (docs/spark.md)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -314,7 +321,7 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _replay(args: argparse.Namespace, progress: Progress) -> int:
-    from spark_matcher.match import SparkMatcher
+    from spark_matcher import open_matcher
     from spark_matcher.session import spark_session
     from spark_matcher.source import read_lines
 
@@ -332,9 +339,11 @@ def _replay(args: argparse.Namespace, progress: Progress) -> int:
     spark = spark_session(args.master)
     progress.step(
         f"planning {len(subscriptions)} subscriptions in {partitions} partitions "
-        f"(Spark master {spark.sparkContext.master})"
+        f"(Spark master {spark.sparkContext.master}, method {args.method})"
     )
-    with SparkMatcher(spark, subscriptions, partitions=partitions, selector=selector) as matcher:
+    with open_matcher(
+        spark, subscriptions, method=args.method, partitions=partitions, selector=selector
+    ) as matcher:
         with progress.spark(spark, f"reading and checking {args.updates}"):
             lines = read_lines(spark, args.updates)
             frame = matcher.match_frame(lines, validate=True, source=str(args.updates))

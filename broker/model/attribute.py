@@ -132,6 +132,18 @@ class Attribute:
         object.__setattr__(self, "match_value", _match_value(self.type, self.value, "attribute"))
 
     @classmethod
+    def unchecked(cls, type_: str, value: Any) -> Attribute:
+        """An attribute without metadata, from input already checked elsewhere (the type
+        and value are not checked again; a DateTime value must still be a date:
+        InvalidValue)."""
+        attribute = object.__new__(cls)
+        object.__setattr__(attribute, "type", sys.intern(type_))
+        object.__setattr__(attribute, "value", value)
+        object.__setattr__(attribute, "metadata", {})
+        object.__setattr__(attribute, "match_value", _match_value(type_, value, "attribute"))
+        return attribute
+
+    @classmethod
     def of(cls, value: Any, type_: str | None = None) -> Attribute:
         """An attribute holding ``value``, typed as Orion would infer when no type is given."""
         return cls(sys.intern(type_ or default_type(value)), value)

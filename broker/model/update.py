@@ -59,6 +59,30 @@ class ContextUpdate:
             raise InvalidUpdate(f"sequence must not be negative, got {self.sequence}")
 
     @classmethod
+    def unchecked(
+        cls,
+        entity_id: str,
+        attributes: Mapping[str, Attribute],
+        entity_type: str,
+        tenant: str,
+        service_path: str,
+    ) -> ContextUpdate:
+        """An update from input already checked elsewhere (for instance by Spark's native
+        checks): the fields are taken as they are."""
+        update = object.__new__(cls)
+        for name, value in (
+            ("entity_id", entity_id),
+            ("attributes", attributes),
+            ("entity_type", entity_type),
+            ("tenant", tenant),
+            ("service_path", service_path),
+            ("publisher", ""),
+            ("sequence", 0),
+        ):
+            object.__setattr__(update, name, value)
+        return update
+
+    @classmethod
     def of(
         cls,
         entity_id: str,

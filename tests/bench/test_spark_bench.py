@@ -37,7 +37,10 @@ def test_a_tiny_run_reports_both_sides_and_they_agree(report: dict[str, Any]) ->
     engine = report["engine"]
     assert engine["matches"] == report["matches"]
     assert len(engine["runs"]) == 1 and engine["match_s"] > 0 and engine["updates_per_s"] > 0
-    assert [s["partitions"] for s in report["spark"]] == [1, 2]
+    assert report["methods"] == ["engine", "join"]
+    assert [(s["method"], s["partitions"]) for s in report["spark"]] == [
+        ("engine", 1), ("engine", 2), ("join", 1), ("join", 2),
+    ]  # fmt: skip
     for side in report["spark"]:
         assert side["matches"] == report["matches"]
         assert side["total_s"] == pytest.approx(side["planning_s"] + side["job_s"])
@@ -67,6 +70,8 @@ def test_a_mismatch_fails_loudly(
         (["--partitions", "0"], "every count must be at least 1"),
         (["--partitions", "1,0"], "every count must be at least 1"),
         (["--partitions", "two"], "expected P[,P2,...]"),
+        (["--methods", "engine,fast"], "expected some of engine, join"),
+        (["--methods", ""], "expected some of engine, join"),
         (["--workload", "nope"], "invalid choice: 'nope'"),
         (["--runs", "0"], "must be at least 1"),
     ],
@@ -85,4 +90,7 @@ def test_the_function_refuses_bad_arguments_too() -> None:
         bench.benchmark(argparse.Namespace(**{**vars(_args()), "workload": "text"}))
     with pytest.raises(ValueError, match="at least 1"):
         bench.benchmark(argparse.Namespace(**{**vars(_args()), "partitions": [0]}))
+    with pytest.raises(ValueError, match="expected some of engine, join"):
+        bench.benchmark(argparse.Namespace(**{**vars(_args()), "methods": ["fast"]}))
     assert bench.parse_partitions("1,2,4") == [1, 2, 4]
+    assert bench.parse_methods("join,engine,join") == ["join", "engine"]

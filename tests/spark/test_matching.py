@@ -1,4 +1,5 @@
-"""The Spark matcher finds exactly what the reference matcher and the engine find.
+"""The Spark matcher finds exactly what the reference matcher and the engine find, by
+either method (``engine`` and ``join``: the ``method`` fixture runs a test once each).
 
 One local SparkSession serves every test (the ``spark`` fixture); each test is one or a few
 Spark jobs, so the random inputs are batched: many subscriptions and updates per job.
@@ -29,9 +30,15 @@ from broker.matching.engine import Engine
 from broker.matching.reference import ReferenceMatcher
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
+from spark_matcher import METHODS, open_matcher
 from spark_matcher.entities import InputError
 from spark_matcher.match import SparkMatcher
 from spark_matcher.source import read_lines
+
+
+@pytest.fixture(params=METHODS, scope="module")
+def method(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def _differences(
@@ -45,20 +52,24 @@ def _differences(
 
 
 def _check(
-    spark: Any, subs: Sequence[Subscription], ups: Sequence[ContextUpdate], **kw: Any
+    spark: Any,
+    method: str,
+    subs: Sequence[Subscription],
+    ups: Sequence[ContextUpdate],
+    **kw: Any,
 ) -> int:
-    with SparkMatcher(spark, subs, now=NOW, **kw) as matcher:
+    with open_matcher(spark, subs, method=method, now=NOW, **kw) as matcher:
         found = matcher.match(ups)
     expected = ReferenceMatcher(subs).match_batch(ups, NOW)
     assert _differences(found, expected) == []  # (update, extra, missing)
     return sum(map(len, expected))
 
 
-def test_a_large_random_workload_matches_as_the_reference(spark: Any) -> None:
+def test_a_large_random_workload_matches_as_the_reference(spark: Any, method: str) -> None:
     source = RandomSource(random.Random(20261122))
     subs = [draw_subscription(source, f"s{i}") for i in range(1500)]
     ups = [draw_update(source) for _ in range(300)]
-    assert _check(spark, subs, ups) > 10_000  # the corners are exercised, not skipped
+    assert _check(spark, method, subs, ups) > 10_000  # the corners are exercised, not skipped
 
 
 @settings(
@@ -68,34 +79,35 @@ def test_a_large_random_workload_matches_as_the_reference(spark: Any) -> None:
 )
 @given(subscription_sets(max_size=40), update_lists(max_size=15))
 def test_random_sets_match_as_the_reference(
-    spark: Any, subs: list[Subscription], ups: list[ContextUpdate]
+    spark: Any, method: str, subs: list[Subscription], ups: list[ContextUpdate]
 ) -> None:
-    _check(spark, subs, ups)
+    _check(spark, method, subs, ups)
 
 
-def test_partitioned_subscriptions_match_the_same(spark: Any) -> None:
+def test_partitioned_subscriptions_match_the_same(spark: Any, method: str) -> None:
     source = RandomSource(random.Random(5))
     subs = [draw_subscription(source, f"s{i}") for i in range(400)]
     ups = [draw_update(source) for _ in range(100)]
-    _check(spark, subs, ups, partitions=3)
+    _check(spark, method, subs, ups, partitions=3)
 
 
-def test_the_iot_workload_matches_as_the_engine(spark: Any) -> None:
+def test_the_iot_workload_matches_as_the_engine(spark: Any, method: str) -> None:
     subs = iot_subscriptions(3000, seed=3)
     ups = iot_updates(400, seed=4)
     engine = Engine(subs)
     expected = engine.match_batch(ups, NOW)
-    with SparkMatcher(spark, subs, now=NOW) as matcher:
-        assert not any(c.verify for c in matcher.plan.clauses)  # all decided in the JVM
+    with open_matcher(spark, subs, method=method, now=NOW) as matcher:
+        if isinstance(matcher, SparkMatcher):
+            assert not any(c.verify for c in matcher.plan.clauses)  # all decided in the JVM
         found = matcher.match(ups)
     assert _differences(found, expected) == []
     assert sum(map(len, expected)) > 400
 
 
-def test_batches_reuse_the_tables(spark: Any) -> None:
+def test_batches_reuse_the_tables(spark: Any, method: str) -> None:
     subs = iot_subscriptions(500, seed=1)
     reference = ReferenceMatcher(subs)
-    with SparkMatcher(spark, subs, now=NOW) as matcher:
+    with open_matcher(spark, subs, method=method, now=NOW) as matcher:
         for seed in (1, 2):
             ups = iot_updates(50, seed=seed)
             assert matcher.match(ups) == reference.match_batch(ups, NOW)
@@ -134,10 +146,10 @@ _GOOD = {"id": "a", "type": "T", "x": {"type": "Number", "value": 1}}
     ],
 )
 def test_a_bad_line_is_named_with_its_field(
-    spark: Any, tmp_path: Path, bad: object, field: str, words: str
+    spark: Any, method: str, tmp_path: Path, bad: object, field: str, words: str
 ) -> None:
     path = _lines(tmp_path, [_GOOD, _GOOD, bad, _GOOD])
-    with SparkMatcher(spark, [], now=NOW) as matcher:
+    with open_matcher(spark, [], method=method, now=NOW) as matcher:
         frame = read_lines(spark, path)
         with pytest.raises(InputError) as caught:
             matcher.match_frame(frame, validate=True, source=str(path)).collect()
@@ -148,7 +160,7 @@ def test_a_bad_line_is_named_with_its_field(
 
 
 def test_a_valid_file_with_every_kind_of_value_passes_the_checks(
-    spark: Any, tmp_path: Path
+    spark: Any, method: str, tmp_path: Path
 ) -> None:
     rows = [
         _GOOD,
@@ -163,7 +175,7 @@ def test_a_valid_file_with_every_kind_of_value_passes_the_checks(
     ]
     path = _lines(tmp_path, rows)
     subs = [Subscription("all", (EntitySelector(id_pattern=".*"),))]
-    with SparkMatcher(spark, subs, now=NOW) as matcher:
+    with open_matcher(spark, subs, method=method, now=NOW) as matcher:
         frame = read_lines(spark, path)
         found = matcher.match_frame(frame, validate=True, source=str(path)).collect()
     assert sorted((row[0], row[1]) for row in found) == [(i, "all") for i in range(4)]
