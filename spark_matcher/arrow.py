@@ -11,9 +11,10 @@ run:
    its Arrow batches (``mapInArrow``, a batch at a time, never a row-at-a-time UDF), builds
    the updates (:func:`read_update`), and matches each batch against every partition's
    engine, built once per Python worker and broadcast and kept while the worker lives;
-3. a task yields ``(update, matches)``, ``matches`` the numbers of the subscriptions
-   matched; the numbers are exploded and joined with the broadcast table of subscription
-   ids to give the same ``(update, subscription)`` rows as the join method.
+3. a task yields ``(update, matches)`` per update and partition, ``matches`` the numbers
+   of the subscriptions matched; the numbers are exploded and joined with the broadcast
+   table of subscription ids, giving the same ``(update, subscription)`` rows as the join
+   method.
 
 Checking (``validate``) is the join method's: the native checks, then DateTime values,
 before the job; a line the tasks still cannot read (a bad date beyond the first
@@ -33,6 +34,8 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from broker.errors import InvalidInput
 from broker.model.attribute import Attribute, default_type
@@ -55,6 +58,11 @@ _BATCH = 2_000  # updates matched by the engine at a time
 # its engines built once per worker, not once per task.
 _ENGINES: dict[str, list[tuple[Any, Any]]] = {}
 
+# Attributes are immutable, and most values repeat (a station's name, a reading's level):
+# one Attribute per (type, value) read recently is shared by the updates that hold it.
+_SHARED: dict[tuple[Any, type, Any], Attribute] = {}
+_SHARED_MAX = 1 << 17
+
 
 def read_update(text: str) -> ContextUpdate | None:
     """The update of one JSON line, None if the line is not one.
@@ -63,9 +71,12 @@ def read_update(text: str) -> ContextUpdate | None:
     again (the input was checked natively, or checking was not asked for); any other line
     is read by :func:`~spark_matcher.entities.update_from_json`."""
     try:
-        body = json.loads(text)
-    except ValueError:
-        return None
+        body = orjson.loads(text)
+    except ValueError:  # what orjson refuses (NaN, huge integers) json may still read
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return None
     if type(body) is not dict:
         return None
     entity_id = body.get("id")
@@ -79,7 +90,21 @@ def read_update(text: str) -> ContextUpdate | None:
             if type(item) is not dict or item.get("metadata") or len(item) > 2:
                 return update_from_json(body, strict=False)
             value = item.get("value")
-            attributes[name] = Attribute.unchecked(item.get("type") or default_type(value), value)
+            kind = value.__class__
+            if kind is float or kind is str or kind is int:  # most repeat: share them
+                key = (item.get("type"), kind, value)
+                attribute = _SHARED.get(key)
+                if attribute is None:
+                    if len(_SHARED) >= _SHARED_MAX:
+                        _SHARED.clear()
+                    attribute = _SHARED[key] = Attribute.unchecked(
+                        key[0] or default_type(value), value
+                    )
+                attributes[name] = attribute
+            else:
+                attributes[name] = Attribute.unchecked(
+                    item.get("type") or default_type(value), value
+                )
         entity_type = body.get("type", DEFAULT_ENTITY_TYPE)
         tenant = body.get("tenant", "")
         path = body.get("servicePath", "/")
@@ -106,21 +131,24 @@ def _engines(token: str, broadcast: Any) -> list[tuple[Any, Any]]:
         gc.unfreeze()
         gc.collect()
     held = []
-    for packed in broadcast.value:
-        numbers, objs = unpackb(packed, max_size=len(packed))
-        subscriptions = [subscription_from_obj(obj) for obj in objs]
-        engine = Engine()
-        engine.add_many(subscriptions)
-        engine.compact()
-        slots = np.array([engine.slot_of(s.id) for s in subscriptions], dtype=np.int64)
-        table = np.full(int(slots.max()) + 1 if len(slots) else 0, -1, dtype=np.int32)
-        table[slots] = np.asarray(numbers, dtype=np.int32)
-        held.append((engine, table))
+    gc.disable()  # nothing built here is garbage: no collection while building
+    try:
+        for packed in broadcast.value:
+            numbers, objs = unpackb(packed, max_size=len(packed))
+            subscriptions = [subscription_from_obj(obj) for obj in objs]
+            engine = Engine()
+            engine.add_many(subscriptions)
+            engine.compact()
+            slots = np.array([engine.slot_of(s.id) for s in subscriptions], dtype=np.int64)
+            table = np.full(int(slots.max()) + 1 if len(slots) else 0, -1, dtype=np.int32)
+            table[slots] = np.asarray(numbers, dtype=np.int32)
+            held.append((engine, table))
+    finally:
+        # what was built lives as long as the worker: keep collections from scanning it
+        # again and again (as a matcher process does after its start-up)
+        gc.freeze()
+        gc.enable()
     _ENGINES[token] = held
-    # what was just built lives as long as the worker: keep collections from scanning it
-    # again and again (as a matcher process does after its start-up)
-    gc.collect()
-    gc.freeze()
     return held
 
 
@@ -150,26 +178,17 @@ def _match_batches(token: str, broadcast: Any, now: float, source: str | None) -
                         _fail(source, int(numbers[i]), text)
                 if not updates:
                     continue
-                per_update: list[list[Any]] = [[] for _ in updates]
-                for engine, table in engines:
-                    for k, slots in enumerate(engine.match_batch_slots(updates, now)):
-                        if len(slots):
-                            per_update[k].append(table[slots])
-                arrays = [
-                    a[0] if len(a) == 1 else np.concatenate(a) if a else np.empty(0, np.int32)
-                    for a in per_update
-                ]
-                lengths = np.fromiter((len(a) for a in arrays), dtype=np.int32, count=len(arrays))
-                offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-                np.cumsum(lengths, out=offsets[1:])
-                values = np.concatenate(arrays) if arrays else np.empty(0, np.int32)
-                yield pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(numbers[kept], type=pa.int64()),
-                        pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
-                    ],
-                    names=["update", "matches"],
-                )
+                kept_numbers = pa.array(numbers[kept], type=pa.int64())
+                for engine, table in engines:  # a row per update and partition
+                    found = engine.match_batch_slots(updates, now)
+                    lengths = np.fromiter(map(len, found), dtype=np.int32, count=len(found))
+                    offsets = np.zeros(len(found) + 1, dtype=np.int32)
+                    np.cumsum(lengths, out=offsets[1:])
+                    values = table[np.concatenate(found)]
+                    yield pa.RecordBatch.from_arrays(
+                        [kept_numbers, pa.ListArray.from_arrays(offsets, values)],
+                        names=["update", "matches"],
+                    )
 
     return run
 

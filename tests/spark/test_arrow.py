@@ -166,3 +166,15 @@ def test_a_checked_batch_fails_on_a_line_it_cannot_read(worker_engines: Any) -> 
         list(arrow._match_batches("t1", _Broadcast(subs), NOW, "in.jsonl")(iter([batch])))
     assert (caught.value.source, caught.value.line, caught.value.field) == ("in.jsonl", 2, "x")
     assert "ISO 8601" in caught.value.reason
+
+
+def test_shared_attributes_keep_each_value_as_written() -> None:
+    values = [1, 1.0, True, "1", 1, 1.0, None, [1], {"a": 1}]
+    for value in values:  # equal values of other kinds never share an attribute
+        update = read_update(json.dumps({"id": "a", "x": {"value": value}}))
+        assert update is not None
+        read = update.attributes["x"]
+        assert read.value == value and type(read.value) is type(value)
+        assert read == update_from_json({"id": "a", "x": {"value": value}}).attributes["x"]
+    typed = read_update(json.dumps({"id": "a", "x": {"type": "Score", "value": 1}}))
+    assert typed is not None and typed.attributes["x"].type == "Score"
