@@ -8,20 +8,22 @@ One run:
 1. starts a cluster with the HTTP front (1 connection point serving HTTP, 1 access point,
    2 matchers, 1 exit point), unless ``--state-dir`` names a running one
    (``silbo up --http-port``), and a notification receiver in a process of its own
-   (aiohttp, one URL per subscription: ``/n/<position>``), which counts requests and
-   their data entities and keeps, per notification, (subscription, request, station);
+   (a bare HTTP/1.1 server on asyncio, one URL per subscription: ``/n/<position>``), which
+   counts requests and their data entities and keeps, per notification, (subscription,
+   request, station);
 2. creates the W-IoT stations as entities (``POST /v2/op/update``, no subscription yet),
    then ``--subscriptions`` W-IoT subscriptions over HTTP (``POST /v2/subscriptions``:
    ``idPattern`` or ``id``, ``type``, ``q``, ``Fiware-ServicePath`` as the scope, no
    throttling), all on a fresh tenant (``Fiware-Service``);
 3. for ``--duration`` seconds, ``--clients`` concurrent publishers (one keep-alive
-   connection each, one request in flight each) send W-IoT readings as fast as they are
-   answered: with ``--batch 1`` one ``POST /v2/entities/{id}/attrs`` per reading (what IoT
-   agents mostly send), otherwise ``POST /v2/op/update`` (``append``) of ``--batch``
-   readings of one district (one service path per request, as Orion wants; a district
-   has about 48 stations, so a batch of 100 carries most of its stations twice); each
-   client owns whole districts (at most 21 clients), so each station's readings go out
-   in order and its state at the front is known;
+   connection each, one request in flight each, on the delivery worker's lean HTTP client
+   :class:`broker.ngsi.http_client.HttpClient`, so that they take little of the machine)
+   send W-IoT readings as fast as they are answered: with ``--batch 1`` one ``POST
+   /v2/entities/{id}/attrs`` per reading (what IoT agents mostly send), otherwise ``POST
+   /v2/op/update`` (``append``) of ``--batch`` readings of one district (one service path
+   per request, as Orion wants; a district has about 48 stations, so a batch of 100 carries
+   most of its stations twice); each client owns whole districts (at most 21 clients), so
+   each station's readings go out in order and its state at the front is known;
 4. waits at most ``--drain`` seconds for the notifications still queued, then checks them.
 
 The check: the bench replays what each client had accepted through the front's own cache
@@ -60,11 +62,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import aiohttp
 import numpy as np
 import numpy.typing as npt
-from aiohttp import web
 
 from broker.bench.match import run_and_report
 from broker.bench.workloads.iot import DISTRICTS, IOT_TYPE, iot_subscriptions, iot_updates
@@ -75,6 +77,7 @@ from broker.model.update import ContextUpdate
 from broker.ngsi.cache import LastValues, Mode
 from broker.ngsi.change import Alteration
 from broker.ngsi.entity import Attributes, parse_attributes, to_wire
+from broker.ngsi.http_client import HttpClient, Target, TransportError
 from broker.wire.convert import trusted_update
 
 __all__ = ["NgsiReport", "configure", "run", "run_once"]
@@ -85,6 +88,7 @@ MAX_CLIENTS = len(DISTRICTS)
 _STATION_BITS = 10  # a notification's key: (request * 2**10 + station) * 2**20 + position
 _POSITION_BITS = 20
 _FIRES = (Alteration.CREATE, Alteration.CHANGE)  # a subscription's default alterationTypes
+_REQUEST_TIMEOUT = 60.0  # seconds a publisher waits for an answer
 
 
 @dataclass
@@ -378,23 +382,27 @@ async def _publish(
 
     async def publisher(number: int, stream: list[_Request]) -> None:
         tally = clients[number]
-        connector = aiohttp.TCPConnector(limit=1)  # one keep-alive connection per client
-        async with aiohttp.ClientSession(base, connector=connector) as own:
+        own = HttpClient(1, 1)  # one keep-alive connection per client
+        targets: dict[tuple[str, str], Target] = {}
+        try:
             i = 0
             while time.perf_counter() < end:
                 request = stream[i % len(stream)]
-                headers = {
-                    "Fiware-Service": tenant,
-                    "Fiware-ServicePath": request.service_path,
-                    "Fiware-Correlator": str(i * len(streams) + number),
-                    "Content-Type": "application/json",
-                }
+                target = targets.get((request.path, request.service_path))
+                if target is None:
+                    headers = (
+                        ("Fiware-Service", tenant),
+                        ("Fiware-ServicePath", request.service_path),
+                        ("Content-Type", "application/json"),
+                    )
+                    target = Target.parse(base + request.path, "POST", headers)
+                    targets[(request.path, request.service_path)] = target
+                correlator = b"Fiware-Correlator: %d\r\n" % (i * len(streams) + number)
+                data = target.head(correlator, len(request.body)) + request.body
                 sent = time.perf_counter()
                 try:
-                    async with own.post(request.path, data=request.body, headers=headers) as got:
-                        await got.read()
-                        status = got.status
-                except aiohttp.ClientError as exc:
+                    status = await own.request(target, data, _REQUEST_TIMEOUT)
+                except TransportError as exc:
                     tally.errors[type(exc).__name__] += 1
                     return
                 tally.latencies.append(time.perf_counter() - sent)
@@ -404,6 +412,8 @@ async def _publish(
                 tally.done += 1
                 tally.updates += len(request.readings)
                 i += 1
+        finally:
+            await own.close()
 
     async def progress() -> None:
         previous, previous_posts = 0, posts_before
@@ -612,36 +622,75 @@ class _ReceiverProcess:
 
 
 def _receive(port: int) -> None:
-    """The receiver process: serve until terminated."""
+    """The receiver process: serve until terminated (a bare HTTP/1.1 server on asyncio, so
+    that taking a notification costs it little of the machine the front runs on)."""
     keys: list[int] = []
     counts = {"posts": 0, "entities": 0, "other": 0}
 
-    async def notification(request: web.Request) -> web.Response:
-        body = json.loads(await request.read())
-        data = body.get("data", [])
+    def notification(path: bytes, correlator: bytes, body: bytes) -> None:
+        data = json.loads(body).get("data", [])
         counts["posts"] += 1
         counts["entities"] += len(data)
-        correlator = request.headers.get("Fiware-Correlator", "").split(";", 1)[0]
-        position = int(request.match_info["position"])
-        if correlator.isdigit() and data:
+        request = correlator.split(b";", 1)[0].strip()
+        if request.isdigit() and data:
             station = _station(data[0]["id"])
-            keys.append(((int(correlator) << _STATION_BITS) + station) << _POSITION_BITS | position)
+            position = int(path.rsplit(b"/", 1)[1])
+            keys.append(((int(request) << _STATION_BITS) + station) << _POSITION_BITS | position)
         else:
             counts["other"] += 1
-        return web.Response(status=204)
 
-    async def counted(_request: web.Request) -> web.Response:
-        return web.json_response(counts)
+    def answer(method: bytes, target: bytes, correlator: bytes, body: bytes) -> bytes:
+        path, _, query = target.partition(b"?")
+        if method == b"POST" and path.startswith(b"/n/"):
+            notification(path, correlator, body)
+            return b"HTTP/1.1 204 No Content\r\n\r\n"
+        if path == b"/_counts":
+            text = json.dumps(counts).encode()
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d"
+            return head % len(text) + b"\r\n\r\n" + text
+        if path == b"/_keys":
+            where = parse_qs(query.decode())["path"][0]
+            np.save(where, np.array(keys, dtype=np.int64))
+            return b"HTTP/1.1 204 No Content\r\n\r\n"
+        return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 
-    async def dump(request: web.Request) -> web.Response:
-        np.save(request.query["path"], np.array(keys, dtype=np.int64))
-        return web.Response(status=204)
+    class Connection(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buffer = bytearray()
+            self.transport: asyncio.Transport | None = None
 
-    app = web.Application()
-    app.router.add_post("/n/{position}", notification)
-    app.router.add_get("/_counts", counted)
-    app.router.add_get("/_keys", dump)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            buffer = self.buffer
+            buffer += data
+            out = []
+            while (end := buffer.find(b"\r\n\r\n")) >= 0:
+                lines = bytes(buffer[:end]).split(b"\r\n")
+                length, correlator = 0, b""
+                for line in lines[1:]:
+                    name, _, value = line.partition(b":")
+                    name = name.lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"fiware-correlator":
+                        correlator = value
+                if len(buffer) < end + 4 + length:
+                    break
+                body = bytes(buffer[end + 4 : end + 4 + length])
+                del buffer[: end + 4 + length]
+                method, target, _version = lines[0].split(b" ", 2)
+                out.append(answer(method, target, correlator, body))
+            if out and self.transport is not None:
+                self.transport.write(b"".join(out))
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", port)
+        await server.serve_forever()
+
+    asyncio.run(serve())
 
 
 # -- reporting ------------------------------------------------------------------------------

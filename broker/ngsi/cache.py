@@ -190,6 +190,8 @@ def _difference(old: Attributes, new: Attributes) -> tuple[frozenset[str], froze
     meta: set[str] = set()
     for name in old.keys() & new.keys():
         a, b = old[name], new[name]
+        if a is b:
+            continue  # not touched by the operation
         if a["type"] != b["type"] or not _same(a["value"], b["value"]):
             changed.add(name)
         elif a["metadata"] != b["metadata"]:

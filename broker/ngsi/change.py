@@ -122,12 +122,20 @@ def _field(data: bytes) -> bytes | None:
     """The payload of the last top-level length-delimited field 15 of a message, if any."""
     i, end, found = 0, len(data), None
     while i < end:
-        key, i = _read_varint(data, i)
+        key = data[i]
+        if key < 0x80:  # one-byte varints, the usual keys and sizes, read inline
+            i += 1
+        else:
+            key, i = _read_varint(data, i)
         kind = key & 7
         if kind == 0:
             _value, i = _read_varint(data, i)
         elif kind == 2:
-            size, i = _read_varint(data, i)
+            size = data[i] if i < end else 0
+            if size < 0x80:
+                i += 1
+            else:
+                size, i = _read_varint(data, i)
             if key >> 3 == _FIELD:
                 found = data[i : i + size]
             i += size

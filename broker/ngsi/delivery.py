@@ -5,22 +5,30 @@ started by :class:`broker.ngsi.notifier.Notifier` (:func:`main`),
 does the rest, so sending takes neither the connection point's loop nor its GIL. They talk
 over the worker's stdin and stdout in msgpack arrays:
 
-- in: ``["s", id, generation, reset, config]`` a subscription created or changed
-  (:class:`Config`; ``reset``: its failsCounter back to 0), ``["f", id]`` one deleted,
-  ``["n", entities, ids, indexes]`` a batch of notifications: the published entities'
-  bytes, and for each notification the subscription's id and its entity's index;
+- in: ``["s", number, id, generation, reset, config]`` a subscription created or changed
+  (``number``: what the connection point calls it in the pipe; :class:`Config`; ``reset``:
+  its failsCounter back to 0), ``["f", number]`` one deleted, ``["n", entities, numbers,
+  indexes]`` a batch of notifications: the published entities' bytes, and for each
+  notification the subscription's number and its entity's index (both arrays of
+  little-endian uint32, as bytes);
 - out: ``["r", [[id, generation, last_success, code, last_failure, reason, fails_counter,
   dropped], ...]]`` what happened to subscriptions since the last report (times are None
   if nothing new; ``dropped`` is a count since the last report).
 
 A waiting notification is its entity's bytes and a number: the entity is decoded and the
-body rendered only when one of its notifications is sent (a dropped one costs neither), once
-per (entity, format, attributes chosen), its JSON bytes shared by every subscription that
-wants the same. What waits is bounded in a :class:`Backlog`: per subscription and in all;
-while it is full in all, the worker reads no more, so what follows waits in the pipe, and
-the connection point drops new notifications once too much waits there: an overloaded
-worker spends its time sending, not taking notifications in only to drop them. The worker
-ends when its stdin closes.
+body rendered only when one of its notifications is sent (a dropped one costs neither),
+once per (entity, format, attributes chosen), its JSON bytes shared by every subscription
+that wants the same. What waits is bounded in a :class:`Backlog`: per subscription and in
+all; once it is full in all, the worker reads no more until 1 % of it has left, so what
+follows waits in the pipe, and the connection point drops new notifications once too much
+waits there: an overloaded worker spends its time sending, not taking notifications in only
+to drop them. The worker ends when its stdin closes.
+
+Requests go out through :class:`broker.ngsi.http_client.HttpClient` (keep-alive connections
+pooled per origin, at most ``concurrency`` requests in flight and ``per_origin`` connections
+per origin): a subscription's request line and headers are bytes made once per version of
+it, the entity's headers (service, service path, correlator) once per entity, and its body
+once per (entity, format, attributes chosen).
 """
 
 from __future__ import annotations
@@ -37,13 +45,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 import msgpack
-from yarl import URL
+import numpy as np
 
 from broker.model.subscription import AttrsFormat
 from broker.ngsi.change import Change, read_change
 from broker.ngsi.entity import Attributes, from_wire, render
+from broker.ngsi.http_client import HttpClient, Target, TransportError
 from broker.wire import client_pb2 as pb
 
 __all__ = ["Backlog", "Config", "main"]
@@ -53,11 +61,16 @@ _log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
-REPORT_EVERY = 0.01  # seconds between status reports to the connection point
+REPORT_EVERY = 0.05  # seconds between status reports to the connection point
 READ_SIZE = 1 << 16  # bytes read from the pipe at a time
 FULL_WAIT = 0.005  # seconds between looks at a full backlog before reading more
+RESUME_AT = 0.99  # a full backlog is read into again once this share of it is left
 _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
+# Headers the worker sets itself on every request (a subscription's own are left out).
+_OWN_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "fiware-servicepath", "fiware-correlator"}
+)
 
 
 class Backlog(Generic[K, T]):
@@ -69,7 +82,8 @@ class Backlog(Generic[K, T]):
         self.total = total
         self.size = 0
         self._queues: dict[K, deque[T]] = {}
-        self._by_length: dict[int, set[K]] = {}  # keys by their queue's length (above 0)
+        # keys by their queue's length (above 0); dicts, as sets are slow to take any from
+        self._by_length: dict[int, dict[K, None]] = {}
         self._longest = 0
 
     def __len__(self) -> int:
@@ -83,13 +97,14 @@ class Backlog(Generic[K, T]):
     def push(self, key: K, item: T) -> tuple[bool, K | None]:
         """Queue ``item``: (False if ``key``'s queue is full, the key whose oldest item was
         dropped for room, if one was)."""
-        if self.length(key) >= self.per_key:
+        queue = self._queues.get(key)
+        if queue is not None and len(queue) >= self.per_key:
             return False, None
         evicted = None
         if self.size >= self.total:
-            evicted = next(iter(self._by_length[self._longest]))
+            evicted, _none = self._by_length[self._longest].popitem()
             self.pop(evicted)
-        queue = self._queues.get(key)
+            queue = self._queues.get(key)
         if queue is None:
             queue = self._queues[key] = deque()
         self._moved(key, len(queue), len(queue) + 1)
@@ -120,15 +135,20 @@ class Backlog(Generic[K, T]):
         return len(queue)
 
     def _moved(self, key: K, old: int, new: int) -> None:
+        by_length = self._by_length
         if old:
-            keys = self._by_length[old]
-            keys.discard(key)
+            keys = by_length[old]
+            keys.pop(key, None)
             if not keys:
-                del self._by_length[old]
+                del by_length[old]
         if new:
-            self._by_length.setdefault(new, set()).add(key)
-            self._longest = max(self._longest, new)
-        while self._longest and self._longest not in self._by_length:
+            at = by_length.get(new)
+            if at is None:
+                at = by_length[new] = {}
+            at[key] = None
+            if new > self._longest:
+                self._longest = new
+        while self._longest and self._longest not in by_length:
             self._longest -= 1
 
 
@@ -184,13 +204,16 @@ class Config:
 
 @dataclass(eq=False, slots=True)
 class _Subscription:
-    """What the worker keeps of one subscription."""
+    """What the worker keeps of one subscription (``target``: None if its URL or headers
+    cannot be sent, ``service``: the Fiware-Service header line its own headers give, sent
+    for entities of the default tenant)."""
 
     id: str
     config: Config
     generation: int
-    url: URL
-    timeout: aiohttp.ClientTimeout
+    target: Target | None
+    service: bytes
+    wrapper: bytes  # the body's start for the wrapped formats
     fails_counter: int = 0
     last_success: float | None = None  # these four: since the last report
     last_success_code: int = 0
@@ -213,6 +236,7 @@ class _Entity:
     sent: int = 0  # notifications of it so far (Orion's cbnotif)
     decoded: tuple[pb.Entity, Change, Attributes, str] | None = None  # with its correlator
     bodies: dict[tuple[Any, ...], bytes] = field(default_factory=dict)
+    headers: tuple[bytes, bytes] | None = None  # the service line, the rest up to cbnotif=
 
     def decode(self) -> tuple[pb.Entity, Change, Attributes, str]:
         """The entity, its change, its attributes and its correlator."""
@@ -223,50 +247,64 @@ class _Entity:
             self.decoded = (entity, change, from_wire(entity), correlator)
         return self.decoded
 
+    def header_lines(self) -> tuple[bytes, bytes]:
+        """Its Fiware-Service line (empty for the default tenant), and its Fiware-ServicePath
+        and Fiware-Correlator lines up to the notification's number."""
+        if self.headers is None:
+            entity, _change, _attributes, correlator = self.decode()
+            service = b"Fiware-Service: %s\r\n" % entity.tenant.encode() if entity.tenant else b""
+            rest = b"Fiware-ServicePath: %s\r\nFiware-Correlator: %s; cbnotif=" % (
+                entity.service_path.encode(),
+                correlator.encode(),
+            )
+            self.headers = (service, rest)
+        return self.headers
 
-@dataclass(frozen=True, slots=True)
-class _Notification:
-    """One notification waiting: its entity and its number (Orion's cbnotif)."""
 
-    entity: _Entity
-    number: int
+_Notification = tuple[_Entity, int]  # one waiting: its entity and its number (Orion's cbnotif)
 
 
 class Worker:
     """The delivery worker (see the module doc)."""
 
-    def __init__(self, concurrency: int, queue_limit: int, total_limit: int) -> None:
+    def __init__(
+        self, concurrency: int, per_origin: int, queue_limit: int, total_limit: int
+    ) -> None:
         self._concurrency = concurrency
-        self._limit = asyncio.Semaphore(concurrency)
+        self._per_origin = per_origin
         self._backlog: Backlog[_Subscription, _Notification] = Backlog(queue_limit, total_limit)
-        self._subscriptions: dict[str, _Subscription] = {}
+        self._subscriptions: dict[int, _Subscription] = {}  # by the pipe's number
         self._changed: dict[str, _Subscription] = {}  # to report
         self._tasks: set[asyncio.Task[None]] = set()
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
         self._out: asyncio.WriteTransport | None = None
         self._report_due = False
 
     async def run(self) -> None:
         """Serve stdin until it closes."""
         loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 24)
+        # a small limit: the reader stops taking from the pipe past twice this, so that what
+        # the worker has not read waits in the pipe (and the front drops once it is full)
+        reader = asyncio.StreamReader(limit=READ_SIZE)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
         self._out, _protocol = await loop.connect_write_pipe(asyncio.Protocol, sys.stdout.buffer)
-        connector = aiohttp.TCPConnector(limit=self._concurrency, limit_per_host=0)
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self._client = HttpClient(self._concurrency, self._per_origin)
         unpacker = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
         try:
             while chunk := await reader.read(READ_SIZE):
                 unpacker.feed(chunk)
                 for message in unpacker:
                     self.handle(message)
-                while len(self._backlog) >= self._backlog.total:
-                    await asyncio.sleep(FULL_WAIT)  # what follows waits in the pipe
+                if len(self._backlog) >= self._backlog.total:
+                    # what follows waits in the pipe until some room is made (not room for
+                    # one: each read would then drop a chunk's worth of what waits here)
+                    while len(self._backlog) > self._backlog.total * RESUME_AT:
+                        await asyncio.sleep(FULL_WAIT)
         finally:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self._session.close()
+            await self._client.close()
 
     def handle(self, message: list[Any]) -> None:
         """Act on one message from the connection point."""
@@ -274,15 +312,18 @@ class Worker:
         if kind == "n":
             self._notify(message[1], message[2], message[3])
         elif kind == "s":
-            _kind, sid, generation, reset, data = message
+            _kind, number, sid, generation, reset, data = message
             config = Config.from_list(data)
-            url, timeout = URL(config.url), aiohttp.ClientTimeout(total=config.timeout)
-            subscription = self._subscriptions.get(sid)
+            target, service = _target(config)
+            wrapper = b'{"subscriptionId":"%s","data":[' % sid.encode()
+            subscription = self._subscriptions.get(number)
             if subscription is None:
-                self._subscriptions[sid] = _Subscription(sid, config, generation, url, timeout)
+                self._subscriptions[number] = _Subscription(
+                    sid, config, generation, target, service, wrapper
+                )
             else:
                 subscription.config, subscription.generation = config, generation
-                subscription.url, subscription.timeout = url, timeout
+                subscription.target, subscription.service = target, service
                 if reset:
                     subscription.fails_counter = 0
         elif kind == "f":
@@ -291,16 +332,21 @@ class Worker:
                 self._backlog.clear(gone)
                 self._changed.pop(gone.id, None)
 
-    def _notify(self, entities: list[bytes], ids: list[str], indexes: list[int]) -> None:
+    def _notify(self, entities: list[bytes], numbers: bytes, indexes: bytes) -> None:
         batch = [_Entity(data) for data in entities]
-        for sid, index in zip(ids, indexes, strict=True):
-            subscription = self._subscriptions.get(sid)
+        pairs = zip(
+            np.frombuffer(numbers, "<u4").tolist(),
+            np.frombuffer(indexes, "<u4").tolist(),
+            strict=True,
+        )
+        subscriptions, push = self._subscriptions, self._backlog.push
+        for number, index in pairs:
+            subscription = subscriptions.get(number)
             if subscription is None:
                 continue
             one = batch[index]
             one.sent += 1
-            notification = _Notification(one, one.sent)
-            accepted, evicted = self._backlog.push(subscription, notification)
+            accepted, evicted = push(subscription, (one, one.sent))
             if not accepted:
                 self._dropped(subscription, 1)
             if evicted is not None:
@@ -318,37 +364,28 @@ class Worker:
                     # what was queued before it went inactive is not sent
                     self._dropped(subscription, self._backlog.clear(subscription) + 1)
                     break
-                async with self._limit:
-                    await self._post(subscription, notification)
+                await self._post(subscription, notification)
         finally:
             subscription.sending = False
 
     async def _post(self, subscription: _Subscription, notification: _Notification) -> None:
-        assert self._session is not None, "the worker has not started"
-        config = subscription.config
-        entity, _change, _attributes, correlator = notification.entity.decode()
-        body = _body(subscription, notification.entity)
+        assert self._client is not None, "the worker has not started"
+        config, target = subscription.config, subscription.target
+        one, number = notification
+        body = _body(subscription, one)
         if config.attrs_format in _WRAPPED:
-            body = b'{"subscriptionId":"%s","data":[%s]}' % (subscription.id.encode(), body)
-        headers = dict(config.headers)
-        headers["Fiware-ServicePath"] = entity.service_path
-        headers["Fiware-Correlator"] = f"{correlator}; cbnotif={notification.number}"
-        if entity.tenant:
-            headers["Fiware-Service"] = entity.tenant
+            body = b"%s%s]}" % (subscription.wrapper, body)
+        service, rest = one.header_lines()
+        extra = b"%s%s%d\r\n" % (service or subscription.service, rest, number)
         try:
-            async with self._session.request(
-                config.method,
-                subscription.url,
-                data=body,
-                headers=headers,
-                timeout=subscription.timeout,
-                allow_redirects=False,
-            ) as response:
-                await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if target is None:
+                raise TransportError("the URL or a header cannot be sent")
+            status = await self._client.request(
+                target, target.head(extra, len(body)) + body, config.timeout
+            )
+        except TransportError as exc:
             subscription.last_failure = time.time()
-            subscription.last_failure_reason = _reason(exc)
+            subscription.last_failure_reason = exc.reason
             subscription.fails_counter += 1
         else:
             subscription.last_success = time.time()
@@ -416,22 +453,30 @@ def _body(subscription: _Subscription, one: _Entity) -> bytes:
     return data
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
-        return "Timeout was reached"
-    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionError):
-        return "Couldn't connect to server"
-    return f"notification failed: {exc.__class__.__name__}"
+def _target(config: Config) -> tuple[Target | None, bytes]:
+    """Where a subscription's requests go (None if they cannot be sent), and the
+    Fiware-Service line its own headers give."""
+    own = [(k, v) for k, v in config.headers if k.lower() not in _OWN_HEADERS]
+    service = [v for k, v in own if k.lower() == "fiware-service"]
+    try:
+        headers = tuple((k, v) for k, v in own if k.lower() != "fiware-service")
+        target = Target.parse(config.url, config.method, headers)
+    except ValueError as exc:
+        _log.warning("notifications to %s cannot be sent: %s", config.url, exc)
+        return None, b""
+    line = b"Fiware-Service: %s\r\n" % service[-1].encode() if service else b""
+    return target, line
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the worker on stdin and stdout (the connection point starts it)."""
     parser = argparse.ArgumentParser(prog="silbo notification worker")
     parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--per-origin", type=int, required=True)
     parser.add_argument("--queue-limit", type=int, required=True)
     parser.add_argument("--total-limit", type=int, required=True)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s delivery %(message)s")
-    worker = Worker(args.concurrency, args.queue_limit, args.total_limit)
+    worker = Worker(args.concurrency, args.per_origin, args.queue_limit, args.total_limit)
     asyncio.run(worker.run())

@@ -20,7 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from broker.errors import InvalidUpdate, InvalidValue
-from broker.model.attribute import DATE_TYPES, check_value, default_type, parse_iso8601
+from broker.model.attribute import (
+    DATE_TYPES,
+    MAX_STRING_LENGTH,
+    check_value,
+    default_type,
+    parse_iso8601,
+)
 from broker.model.identifiers import check_identifier
 from broker.model.subscription import AttrsFormat
 from broker.model.update import DEFAULT_ENTITY_TYPE, RESERVED_ATTRIBUTE_NAMES
@@ -45,6 +51,8 @@ _FORBIDDEN_IN_VALUES = frozenset("<>\"'=;()")
 _UNRESTRICTED = "TextUnrestricted"
 _ATTRIBUTE_KEYS = frozenset({"type", "value", "metadata"})
 _METADATA_KEYS = frozenset({"type", "value"})
+_VALID: dict[str, str] = {}  # identifiers found valid, interned
+_VALID_LIMIT = 1 << 16
 
 
 def check_text(value: Any, what: str) -> None:
@@ -61,11 +69,34 @@ def check_text(value: Any, what: str) -> None:
             check_text(item, what)
 
 
+def _identifier(value: Any, what: str, suffix: str = "") -> str:
+    """:func:`check_identifier` (of ``what + suffix``), remembering the texts found valid
+    (names and types repeat in every request)."""
+    if type(value) is str:
+        known = _VALID.get(value)
+        if known is not None:
+            return known
+    checked = check_identifier(value, what + suffix)
+    if len(_VALID) >= _VALID_LIMIT:
+        _VALID.clear()
+    _VALID[checked] = checked
+    return checked
+
+
 def _typed_value(type_: Any, value: Any, what: str) -> tuple[str, Any]:
-    type_ = default_type(value) if type_ is None else check_identifier(type_, f"{what} type")
-    check_value(value, f"{what} value")
-    if type_ != _UNRESTRICTED:
-        check_text(value, f"{what} value")
+    type_ = default_type(value) if type_ is None else _identifier(type_, what, " type")
+    kind = type(value)
+    if kind is str:
+        plain = len(value) <= MAX_STRING_LENGTH and (
+            type_ == _UNRESTRICTED or _FORBIDDEN_IN_VALUES.isdisjoint(value)
+        )
+    else:
+        finite = kind is float and value - value == 0
+        plain = value is None or kind is int or kind is bool or finite
+    if not plain:  # the full checks, and their messages
+        check_value(value, f"{what} value")
+        if type_ != _UNRESTRICTED:
+            check_text(value, f"{what} value")
     if (
         type_ in DATE_TYPES
         and value is not None
@@ -77,7 +108,7 @@ def _typed_value(type_: Any, value: Any, what: str) -> tuple[str, Any]:
 
 def parse_attribute(name: str, body: Any, *, key_values: bool) -> dict[str, Any]:
     """One attribute of a request body, normalized: ``{"type", "value", "metadata"}``."""
-    check_identifier(name, "attribute name")
+    _identifier(name, "attribute name")
     if name in RESERVED_ATTRIBUTE_NAMES:
         raise InvalidUpdate(f"attribute name {name!r} is reserved")
     what = f"attribute {name!r}"
@@ -86,11 +117,16 @@ def parse_attribute(name: str, body: Any, *, key_values: bool) -> dict[str, Any]
         return {"type": type_, "value": value, "metadata": {}}
     if not isinstance(body, dict):
         raise InvalidUpdate(f"{what} must be a JSON object, unless keyValues option is used")
-    unknown = set(body) - _ATTRIBUTE_KEYS
-    if unknown:
+    if not _ATTRIBUTE_KEYS.issuperset(body):
+        unknown = set(body) - _ATTRIBUTE_KEYS
         raise InvalidUpdate(f"{what}: unrecognized property {sorted(unknown)[0]!r}")
     type_, value = _typed_value(body.get("type"), body.get("value"), what)
-    return {"type": type_, "value": value, "metadata": _parse_metadata(body.get("metadata"), what)}
+    metadata = body.get("metadata")
+    return {
+        "type": type_,
+        "value": value,
+        "metadata": {} if metadata is None else _parse_metadata(metadata, what),
+    }
 
 
 def _parse_metadata(body: Any, what: str) -> dict[str, Any]:
@@ -125,11 +161,14 @@ def parse_entity(body: Any, *, key_values: bool) -> tuple[str, str, Attributes]:
         raise InvalidUpdate("an entity must be a JSON object")
     if "id" not in body:
         raise InvalidUpdate("entity id is missing")
-    entity_id = check_identifier(body["id"], "entity id")
-    entity_type = body.get("type", DEFAULT_ENTITY_TYPE)
-    entity_type = check_identifier(entity_type, "entity type")
-    rest = {k: v for k, v in body.items() if k not in ("id", "type")}
-    return entity_id, entity_type, parse_attributes(rest, key_values=key_values)
+    entity_id = _identifier(body["id"], "entity id")
+    entity_type = _identifier(body.get("type", DEFAULT_ENTITY_TYPE), "entity type")
+    attributes = {
+        name: parse_attribute(name, item, key_values=key_values)
+        for name, item in body.items()
+        if name != "id" and name != "type"
+    }
+    return entity_id, entity_type, attributes
 
 
 def parse_text_value(text: str) -> Any:
@@ -202,12 +241,16 @@ def from_wire(entity: pb.Entity) -> Attributes:
     """The attributes of a wire Entity (one that a connection point validated)."""
     attributes: Attributes = {}
     for wire in entity.attributes:
-        metadata = {
-            m.name: {"type": m.type, "value": value_from_wire(m.value)} for m in wire.metadata
-        }
-        attributes[wire.name] = {
-            "type": wire.type,
-            "value": value_from_wire(wire.value),
-            "metadata": metadata,
-        }
+        value = wire.value
+        kind = value.WhichOneof("kind")
+        if kind == "number" or kind == "text" or kind == "integer" or kind == "boolean":
+            plain = getattr(value, kind)  # checked when published; the common kinds first
+        else:
+            plain = value_from_wire(value)
+        metadata = (
+            {m.name: {"type": m.type, "value": value_from_wire(m.value)} for m in wire.metadata}
+            if len(wire.metadata)
+            else {}
+        )
+        attributes[wire.name] = {"type": wire.type, "value": plain, "metadata": metadata}
     return attributes

@@ -24,17 +24,18 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlencode
 
-import numpy as np
 from aiohttp import web
 
 from broker.errors import NotFound, SilboError
 from broker.ngsi.allow import AllowList
 from broker.ngsi.cache import DEFAULT_LIMIT, LastValues, Outcome
-from broker.ngsi.change import Change, read_change, with_change
+from broker.ngsi.change import with_change
 from broker.ngsi.delivery import Config
 from broker.ngsi.entity import to_wire
+from broker.ngsi.firing import Firing
 from broker.ngsi.notifier import (
     DEFAULT_CONCURRENCY,
+    DEFAULT_PER_ORIGIN,
     DEFAULT_QUEUE_LIMIT,
     DEFAULT_TOTAL_LIMIT,
     Notifier,
@@ -78,6 +79,7 @@ class FrontOptions:
     allow: AllowList = field(default_factory=AllowList.parse)
     cache_limit: int = DEFAULT_LIMIT
     concurrency: int = DEFAULT_CONCURRENCY
+    per_origin: int = DEFAULT_PER_ORIGIN
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     total_limit: int = DEFAULT_TOTAL_LIMIT
 
@@ -96,8 +98,10 @@ class NgsiFront:
         self.cache = LastValues(options.cache_limit)
         self.subscriptions: dict[str, HttpSubscription] = {}  # id -> subscription
         self._by_handle: dict[int, HttpSubscription] = {}
+        self._firing = Firing(self._by_handle)
         self.notifier = Notifier(
             concurrency=options.concurrency,
+            per_origin=options.per_origin,
             queue_limit=options.queue_limit,
             total_limit=options.total_limit,
         )
@@ -165,6 +169,7 @@ class NgsiFront:
         self.subscriptions[subscription.id] = subscription
         self._by_handle[handle] = subscription
         self.notifier.configure(subscription, delivery_config(parsed), reset=False)
+        self._firing.invalidate()
         return subscription
 
     async def update(
@@ -177,12 +182,14 @@ class NgsiFront:
             subscription.status = parsed.status
             subscription.fails_counter = 0
         self.notifier.configure(subscription, delivery_config(parsed), reset="status" in fields)
+        self._firing.invalidate()
         matchers_see = (old.selectors, old.q, old.mq, old.expires)
         if matchers_see != (parsed.selectors, parsed.q, parsed.mq, parsed.expires):
             [handle] = await self.port.subscribe([subscription.spec()], replace=True)
             self._by_handle.pop(subscription.handle, None)
             subscription.handle = handle
             self._by_handle[handle] = subscription
+            self._firing.invalidate()
 
     async def delete(self, subscription: HttpSubscription) -> None:
         """Remove a subscription from the matchers and from this front."""
@@ -190,48 +197,20 @@ class NgsiFront:
         self.subscriptions.pop(subscription.id, None)
         self._by_handle.pop(subscription.handle, None)
         self.notifier.forget(subscription)
+        self._firing.invalidate()
 
     # -- notifications ----------------------------------------------------------------------
 
     def notify(self, batch: wire.NotificationBatchOut) -> None:
-        """Decide which subscriptions a batch the matchers matched notifies, and hand those
-        to the notifier (never blocks)."""
-        handles = np.frombuffer(batch.handles, dtype="<u8").tolist()
-        indexes = np.frombuffer(batch.entity_index, dtype="<u4").tolist()
-        now = time.time()
-        changes: dict[int, Change] = {}
-        chosen: list[HttpSubscription] = []
-        used: dict[int, int] = {}  # the batch's entity index -> the notifier's
-        entity_of: list[int] = []
-        for handle, index in zip(handles, indexes, strict=True):
-            subscription = self._by_handle.get(handle)
-            if subscription is None:
-                continue  # deleted or replaced since it was matched
-            change = changes.get(index)
-            if change is None:
-                change = changes[index] = read_change(batch.entities[index])
-            if not self._fires(subscription, change, now):
-                continue
-            subscription.times_sent += 1
-            subscription.last_notification = now
-            if subscription.status == "oneshot":
-                subscription.status = "inactive"
-            chosen.append(subscription)
-            entity_of.append(used.setdefault(index, len(used)))
-        if chosen:
-            self.notifier.send([batch.entities[i] for i in used], chosen, entity_of)
-
-    @staticmethod
-    def _fires(subscription: HttpSubscription, change: Change, now: float) -> bool:
-        p = subscription.parsed
-        if subscription.status not in ("active", "oneshot") or subscription.expired(now):
-            return False
-        if change.alteration not in p.alterations:
-            return False
-        if not change.fires(p.condition_attrs, p.notify_on_metadata):
-            return False
-        last = subscription.last_notification
-        return not (p.throttling and last is not None and now - last < p.throttling)
+        """Decide which subscriptions a batch the matchers matched notifies
+        (:class:`~broker.ngsi.firing.Firing`), and hand those to the notifier (never
+        blocks)."""
+        fired = self._firing.decide(batch, time.time())
+        if fired is None:
+            return
+        if not self.notifier.send(fired.entities, fired.numbers, fired.indexes):
+            for subscription, count in fired.counts:
+                subscription.dropped += count
 
 
 def delivery_config(parsed: Parsed) -> Config:

@@ -6,18 +6,21 @@ connection point's event loop and GIL stay for taking updates. The worker keeps 
 per subscription (at most ``queue_limit`` notifications; more are dropped) drained by one
 request at a time, so a subscription's notifications leave in order and a slow or dead
 receiver holds back only its own subscription; at most ``concurrency`` requests are in
-flight in all, and at most ``total_limit`` notifications wait in all: past it, the oldest
-notification of the subscription with the most waiting is dropped. While that many wait,
-the worker reads nothing more from the pipe; once ``buffer_limit`` bytes wait there, new
-notifications are dropped here (the cheapest place). Every drop is counted in the
-subscription's ``dropped``.
+flight in all, on at most ``per_origin`` keep-alive connections per origin (scheme, host,
+port; :mod:`broker.ngsi.http_client`), and at most ``total_limit`` notifications wait in
+all: past it, the oldest notification of the subscription with the most waiting is dropped.
+Once that many wait, the worker reads nothing more from the pipe until 1 % of them have
+left; once ``buffer_limit`` bytes wait there, new notifications are dropped here (the
+cheapest place). Every drop is counted in the subscription's ``dropped``.
 
 What a request's end does to the subscription (Orion's rules, ngsi-v2.md section 5): any
 HTTP answer, 4xx and 5xx included, is a success (``lastSuccess``, ``lastSuccessCode``,
-``failsCounter`` back to 0); only a transport error (refused, timeout, DNS) is a failure
-(``lastFailure``, ``lastFailureReason``, ``failsCounter`` + 1, and ``inactive`` once it is over
-``maxFailsLimit``; what it still had queued is then dropped). There are no retries. The
-worker reports these every 10 ms; :meth:`Notifier.configure` numbers each version of a
+``failsCounter`` back to 0); only a transport error (refused, timeout, DNS, the connection
+closed before the whole answer) is a failure (``lastFailure``, ``lastFailureReason``,
+``failsCounter`` + 1, and ``inactive`` once it is over ``maxFailsLimit``; what it still had
+queued is then dropped). There are no retries (but for the one send again of
+:mod:`broker.ngsi.http_client` on a reused connection the server had closed). The worker
+reports these every 50 ms; :meth:`Notifier.configure` numbers each version of a
 subscription it sends, and a report about an older version (before a PATCH) changes its
 times but not its ``failsCounter`` or status.
 """
@@ -25,12 +28,14 @@ times but not its ``failsCounter`` or status.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from broker.ngsi.delivery import Config
 from broker.ngsi.subscriptions import HttpSubscription
@@ -38,6 +43,7 @@ from broker.ngsi.subscriptions import HttpSubscription
 __all__ = [
     "DEFAULT_BUFFER_LIMIT",
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_PER_ORIGIN",
     "DEFAULT_QUEUE_LIMIT",
     "DEFAULT_TOTAL_LIMIT",
     "Notifier",
@@ -46,6 +52,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 128  # requests in flight
+DEFAULT_PER_ORIGIN = 32  # connections open to one origin
 DEFAULT_QUEUE_LIMIT = 1_000  # notifications waiting, per subscription
 DEFAULT_TOTAL_LIMIT = 100_000  # notifications waiting, in all
 DEFAULT_BUFFER_LIMIT = 1 << 20  # bytes waiting in the pipe to the worker
@@ -58,12 +65,14 @@ class Notifier:
         self,
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
+        per_origin: int = DEFAULT_PER_ORIGIN,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         total_limit: int = DEFAULT_TOTAL_LIMIT,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
     ) -> None:
         self._arguments = [
             f"--concurrency={concurrency}",
+            f"--per-origin={per_origin}",
             f"--queue-limit={queue_limit}",
             f"--total-limit={total_limit}",
             f"--log-level={logging.getLevelName(logging.getLogger().getEffectiveLevel())}",
@@ -71,6 +80,7 @@ class Notifier:
         self._buffer_limit = buffer_limit
         self._subscriptions: dict[str, HttpSubscription] = {}
         self._configs: dict[str, Config] = {}
+        self._numbers = itertools.count(1)
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
@@ -87,7 +97,8 @@ class Notifier:
         )
         self._reader = asyncio.get_running_loop().create_task(self._read(self._process))
         for sid, subscription in self._subscriptions.items():  # a restarted worker
-            self._write(["s", sid, subscription.generation, False, self._configs[sid].to_list()])
+            config = self._configs[sid].to_list()
+            self._write(["s", subscription.number, sid, subscription.generation, False, config])
 
     async def stop(self) -> None:
         """Stop the worker: what is queued is dropped, what is in flight cancelled."""
@@ -108,26 +119,38 @@ class Notifier:
     def configure(self, subscription: HttpSubscription, config: Config, *, reset: bool) -> None:
         """Hand the worker a new or changed subscription (``reset``: its failsCounter too)."""
         subscription.generation += 1
+        if not subscription.number:
+            subscription.number = next(self._numbers)
         self._subscriptions[subscription.id] = subscription
         self._configs[subscription.id] = config
-        self._write(["s", subscription.id, subscription.generation, reset, config.to_list()])
+        self._write(
+            [
+                "s",
+                subscription.number,
+                subscription.id,
+                subscription.generation,
+                reset,
+                config.to_list(),
+            ]
+        )
 
     def forget(self, subscription: HttpSubscription) -> None:
         """Drop a deleted subscription and what it still had queued."""
         self._subscriptions.pop(subscription.id, None)
         self._configs.pop(subscription.id, None)
-        self._write(["f", subscription.id])
+        self._write(["f", subscription.number])
 
-    def send(
-        self, entities: Sequence[bytes], chosen: Sequence[HttpSubscription], indexes: list[int]
-    ) -> bool:
-        """Queue notifications: subscription ``chosen[i]`` of entity ``entities[indexes[i]]``;
-        False (each counted in ``dropped``) if the worker is too far behind."""
-        if not self._write(["n", list(entities), [s.id for s in chosen], indexes]):
-            for subscription in chosen:
-                subscription.dropped += 1
-            return False
-        return True
+    def send(self, entities: Sequence[bytes], numbers: list[int], indexes: list[int]) -> bool:
+        """Queue notifications: to the subscription numbered ``numbers[i]`` (its
+        ``number``), of entity ``entities[indexes[i]]``; False if the worker is too far
+        behind (nothing queued: the caller counts them in ``dropped``)."""
+        message = [
+            "n",
+            list(entities),
+            np.array(numbers, dtype="<u4").tobytes(),
+            np.array(indexes, dtype="<u4").tobytes(),
+        ]
+        return self._write(message)
 
     def _write(self, message: list[Any]) -> bool:
         process = self._process

@@ -37,6 +37,7 @@ from broker.model.subscription import (
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration
 from broker.ngsi.errors import NotServed
+from broker.ngsi.http_client import check_header
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import add_selectors
 
@@ -220,6 +221,16 @@ def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
     return tuple(value.items())
 
 
+def _headers(value: Any, what: str) -> tuple[tuple[str, str], ...]:
+    pairs = _pairs(value, what)
+    for name, text in pairs:
+        try:
+            check_header(name, text)
+        except ValueError as exc:
+            raise InvalidSubscription(f"{what}: {exc}") from None
+    return pairs
+
+
 def _channel(notification: dict[str, Any], allow: AllowList) -> Channel:
     channels = [
         k
@@ -252,7 +263,7 @@ def _channel(notification: dict[str, Any], allow: AllowList) -> Channel:
         url,
         _timeout(custom.get("timeout"), "notification.httpCustom.timeout"),
         method,
-        _pairs(custom.get("headers"), "notification.httpCustom.headers"),
+        _headers(custom.get("headers"), "notification.httpCustom.headers"),
         _pairs(custom.get("qs"), "notification.httpCustom.qs"),
     )
 
@@ -356,6 +367,7 @@ class HttpSubscription:
     fails_counter: int = 0
     dropped: int = 0  # notifications dropped for a full queue (not Orion's)
     generation: int = 0  # the version of it the delivery worker has (broker.ngsi.notifier)
+    number: int = 0  # what the delivery worker calls it (broker.ngsi.notifier)
     created: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:

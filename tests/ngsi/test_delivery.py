@@ -75,7 +75,8 @@ def test_the_worker_bounds_what_waits_in_all_and_counts_what_it_drops() -> None:
                 for i in range(15)
             ]
             # one batch: 15 for a (10 wait, 5 dropped), then 3 for b (3 more of a's dropped)
-            notifier.send(entities, [a] * 15 + [b] * 3, [*range(15), 0, 1, 2])
+            chosen = [a] * 15 + [b] * 3
+            notifier.send(entities, [s.number for s in chosen], [*range(15), 0, 1, 2])
             deadline = time.monotonic() + 10
             while (a.dropped, len(got)) != (8, 2) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)

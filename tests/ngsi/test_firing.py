@@ -1,0 +1,86 @@
+"""Deciding in bulk which subscriptions a matched batch fires (broker.ngsi.firing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from broker.ngsi.allow import AllowList
+from broker.ngsi.change import Alteration, Change, with_change
+from broker.ngsi.entity import to_wire
+from broker.ngsi.firing import Firing
+from broker.ngsi.subscriptions import HttpSubscription, parse_document
+from broker.wire import internal_pb2 as wire
+
+
+def _subscription(number: int, **document: Any) -> HttpSubscription:
+    body = {
+        "subject": {"entities": [{"idPattern": ".*"}], **document.pop("subject", {})},
+        "notification": {"http": {"url": "http://127.0.0.1:1/n"}},
+        **document,
+    }
+    subscription = HttpSubscription(
+        f"{number:024d}", "", "/#", parse_document(body, AllowList.parse())
+    )
+    subscription.number = number
+    subscription.handle = 1000 + number
+    return subscription
+
+
+def _batch(changes: list[Change], pairs: list[tuple[int, int]]) -> wire.NotificationBatchOut:
+    entities = [
+        with_change(to_wire(f"E{i}", "T", "", "/", {}), change).SerializeToString()
+        for i, change in enumerate(changes)
+    ]
+    return wire.NotificationBatchOut(
+        entities=entities,
+        handles=np.array([1000 + n for n, _i in pairs], dtype="<u8").tobytes(),
+        entity_index=np.array([i for _n, i in pairs], dtype="<u4").tobytes(),
+    )
+
+
+def test_plain_and_one_by_one_subscriptions_fire_in_the_batchs_order() -> None:
+    plain = _subscription(1)
+    on_x = _subscription(2, subject={"condition": {"attrs": ["x"]}})
+    throttled = _subscription(3, throttling=60)
+    oneshot = _subscription(4, status="oneshot")
+    deletes_only = _subscription(5, subject={"condition": {"alterationTypes": ["entityDelete"]}})
+    by_handle = {s.handle: s for s in (plain, on_x, throttled, oneshot, deletes_only)}
+    firing = Firing(by_handle)
+    changes = [
+        Change(Alteration.CHANGE, frozenset({"x"})),
+        Change(Alteration.CHANGE, frozenset({"y"})),
+        Change(Alteration.DELETE),
+    ]
+    pairs = [(n, i) for i in range(3) for n in (1, 2, 3, 4, 5, 99)]  # 99: unknown handle
+    fired = firing.decide(_batch(changes, pairs), now=1000.0)
+    assert fired is not None
+    got = [(n, fired.entities[i]) for n, i in zip(fired.numbers, fired.indexes, strict=True)]
+    entity = {data: position for position, data in enumerate(_batch(changes, []).entities)}
+    assert [(n, entity[data]) for n, data in got] == [
+        (1, 0), (2, 0), (3, 0), (4, 0),  # throttled and oneshot fire once
+        (1, 1),  # y changed: not on_x's condition
+        (5, 2),  # a delete fires only who asked for deletes
+    ]  # fmt: skip
+    assert dict((s.number, c) for s, c in fired.counts) == {1: 2, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert (plain.times_sent, plain.last_notification) == (2, 1000.0)
+    assert oneshot.status == "inactive" and throttled.times_sent == 1
+
+
+def test_a_subscription_made_inactive_since_is_left_out_and_the_arrays_made_again() -> None:
+    a, b = _subscription(1), _subscription(2)
+    firing = Firing({a.handle: a, b.handle: b})
+    batch = _batch([Change(Alteration.CHANGE, frozenset({"x"}))], [(1, 0), (2, 0)])
+    assert firing.decide(batch, now=1.0) is not None
+    a.status = "inactive"  # the delivery worker's report, after the arrays were made
+    fired = firing.decide(batch, now=2.0)
+    assert fired is not None and fired.numbers == [2]
+    assert [s.number for s, _c in fired.counts] == [2] and a.times_sent == 1
+    fired = firing.decide(batch, now=3.0)
+    assert fired is not None and fired.numbers == [2]
+    firing.invalidate()
+    a.status = "active"
+    fired = firing.decide(batch, now=4.0)
+    assert fired is not None and fired.numbers == [1, 2]
+    assert firing.decide(_batch([Change(Alteration.UPDATE)], [(1, 0)]), now=5.0) is None
