@@ -6,12 +6,11 @@ per update. This method ships the subscriptions instead, partitioned by the matc
 selector, and matches with the same :class:`~broker.matching.engine.Engine` the matchers
 run:
 
-1. the subscriptions of each partition are compiled into an engine on the driver, and the
-   engines are pickled into one broadcast;
+1. the subscriptions of each partition are packed (msgpack) into one broadcast;
 2. the lines ``(update, text)`` are split among the tasks as the file is; each task reads
    its Arrow batches (``mapInArrow``, a batch at a time, never a row-at-a-time UDF), builds
    the updates (:func:`read_update`), and matches each batch against every partition's
-   engine, loaded once per Python worker and broadcast and kept while the worker lives;
+   engine, built once per Python worker and broadcast and kept while the worker lives;
 3. a task yields ``(update, matches)`` per update and partition, ``matches`` the numbers
    of the subscriptions matched; the numbers are exploded and joined with the broadcast
    table of subscription ids, giving the same ``(update, subscription)`` rows as the join
@@ -29,7 +28,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import pickle
 import tempfile
 import time
 import uuid
@@ -44,6 +42,7 @@ from broker.model.attribute import Attribute, default_type
 from broker.model.subscription import Subscription
 from broker.model.update import DEFAULT_ENTITY_TYPE, ContextUpdate
 from broker.partition.selector import RendezvousSelector
+from broker.serialization import packb, subscription_to_obj
 from spark_matcher.entities import ENTITY_FIELDS, InputError, update_from_json
 from spark_matcher.plan import live, partition_selector
 from spark_matcher.source import updates_frame
@@ -119,6 +118,11 @@ def read_update(text: str) -> ContextUpdate | None:
 def _engines(token: str, broadcast: Any) -> list[tuple[Any, Any]]:
     """The engines of a broadcast (named by ``token``) in this worker: (engine, slot ->
     subscription number)."""
+    import numpy as np
+
+    from broker.matching.engine import Engine
+    from broker.serialization import subscription_from_obj, unpackb
+
     held = _ENGINES.get(token)
     if held is not None:
         return held
@@ -126,32 +130,26 @@ def _engines(token: str, broadcast: Any) -> list[tuple[Any, Any]]:
         _ENGINES.clear()
         gc.unfreeze()
         gc.collect()
-    gc.disable()  # nothing loaded here is garbage: no collection while loading
+    held = []
+    gc.disable()  # nothing built here is garbage: no collection while building
     try:
-        held = [pickle.loads(packed) for packed in broadcast.value]
+        for packed in broadcast.value:
+            numbers, objs = unpackb(packed, max_size=len(packed))
+            subscriptions = [subscription_from_obj(obj) for obj in objs]
+            engine = Engine()
+            engine.add_many(subscriptions)
+            engine.compact()
+            slots = np.array([engine.slot_of(s.id) for s in subscriptions], dtype=np.int64)
+            table = np.full(int(slots.max()) + 1 if len(slots) else 0, -1, dtype=np.int32)
+            table[slots] = np.asarray(numbers, dtype=np.int32)
+            held.append((engine, table))
     finally:
-        # what was loaded lives as long as the worker: keep collections from scanning it
+        # what was built lives as long as the worker: keep collections from scanning it
         # again and again (as a matcher process does after its start-up)
         gc.freeze()
         gc.enable()
     _ENGINES[token] = held
     return held
-
-
-def _compiled(numbers: list[int], subscriptions: list[Subscription]) -> bytes:
-    """One partition's engine, built and compacted, with its slot -> number table, pickled
-    (loading it is several times faster than building it again in every worker)."""
-    import numpy as np
-
-    from broker.matching.engine import Engine
-
-    engine = Engine()
-    engine.add_many(subscriptions)
-    engine.compact()
-    slots = np.array([engine.slot_of(s.id) for s in subscriptions], dtype=np.int64)
-    table = np.full(int(slots.max()) + 1 if len(slots) else 0, -1, dtype=np.int32)
-    table[slots] = np.asarray(numbers, dtype=np.int32)
-    return pickle.dumps((engine, table), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _match_batches(token: str, broadcast: Any, now: float, source: str | None) -> Any:
@@ -228,15 +226,15 @@ class EngineMatcher:
         held = [s for s in subscriptions if live(s, self.now)]
         self.valid_until = min((s.expires for s in held if s.expires is not None), default=math.inf)
         index = {name: i for i, name in enumerate(selector.owners)}
-        parts: list[tuple[list[int], list[Subscription]]] = [([], []) for _ in selector.owners]
+        parts: list[tuple[list[int], list[Any]]] = [([], []) for _ in selector.owners]
         owners = selector.owners_of([s.id for s in held]) if held else []
         for number, (subscription, owner) in enumerate(zip(held, owners, strict=True)):
-            numbers, members = parts[index[owner]]
+            numbers, objs = parts[index[owner]]
             numbers.append(number)
-            members.append(subscription)
+            objs.append(subscription_to_obj(subscription))
         self.partitions = len(parts)
         self.subscriptions = len(held)
-        self._broadcast = spark.sparkContext.broadcast([_compiled(*part) for part in parts])
+        self._broadcast = spark.sparkContext.broadcast([packb(part) for part in parts])
         self._token = uuid.uuid4().hex
         self._directory = tempfile.TemporaryDirectory(prefix="silbo-spark-")
         where = Path(self._directory.name) / "ids.jsonl"

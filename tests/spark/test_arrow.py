@@ -23,6 +23,7 @@ from broker.matching.reference import ReferenceMatcher
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
 from broker.partition.selector import RendezvousSelector
+from broker.serialization import packb, subscription_to_obj
 from spark_matcher import arrow, open_matcher
 from spark_matcher.arrow import EngineMatcher, read_update
 from spark_matcher.entities import InputError, update_from_json, update_to_json
@@ -148,7 +149,8 @@ def worker_engines() -> Any:
 
 class _Broadcast:
     def __init__(self, subscriptions: list[Subscription]) -> None:
-        self.value = [arrow._compiled(list(range(len(subscriptions))), subscriptions)]
+        objs = [subscription_to_obj(s) for s in subscriptions]
+        self.value = [packb((list(range(len(subscriptions))), objs))]
 
 
 def test_a_checked_batch_fails_on_a_line_it_cannot_read(worker_engines: Any) -> None:
