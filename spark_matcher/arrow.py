@@ -44,8 +44,8 @@ from broker.model.update import DEFAULT_ENTITY_TYPE, ContextUpdate
 from broker.partition.selector import RendezvousSelector
 from broker.serialization import packb, subscription_to_obj
 from spark_matcher.entities import ENTITY_FIELDS, InputError, update_from_json
+from spark_matcher.match import FrameMatcher
 from spark_matcher.plan import live, partition_selector
-from spark_matcher.source import updates_frame
 
 __all__ = ["EngineMatcher", "read_update"]
 
@@ -203,7 +203,7 @@ def _fail(source: str, number: int, text: str | None) -> None:
     raise InputError(source, number + 1, "", "not an update")
 
 
-class EngineMatcher:
+class EngineMatcher(FrameMatcher):
     """One set of subscriptions, partitioned and broadcast, matched by the engine in every
     task. The same interface as :class:`spark_matcher.match.SparkMatcher`."""
 
@@ -258,12 +258,6 @@ class EngineMatcher:
         """Nothing is kept between batches (the interface of SparkMatcher)."""
         self._cached.clear()
 
-    def __enter__(self) -> EngineMatcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def match_frame(
         self,
         lines: Any,
@@ -290,14 +284,3 @@ class EngineMatcher:
         )
         numbers = matched.select("update", F.explode("matches").alias("number"))
         return numbers.join(F.broadcast(self._ids), "number").select("update", "subscription")
-
-    def match(self, updates: Sequence[ContextUpdate], now: float | None = None) -> list[set[str]]:
-        """The ids of the subscriptions each update matches, in order (collected)."""
-        result: list[set[str]] = [set() for _ in updates]
-        if not updates:
-            return result
-        with tempfile.TemporaryDirectory(prefix="silbo-batch-") as directory:
-            lines = updates_frame(self._spark, updates, Path(directory))
-            for number, subscription_id in self.match_frame(lines, now=now).collect():
-                result[number].add(subscription_id)
-        return result

@@ -33,7 +33,7 @@ from broker.serialization import packb, subscription_to_obj
 from spark_matcher.plan import BASE, GRAM, SEP, MatchPlan, build_plan
 from spark_matcher.source import parse_updates, sql_string, updates_frame
 
-__all__ = ["CHECK_SQL", "VERIFY_SQL", "SparkMatcher", "update_keys_sql"]
+__all__ = ["CHECK_SQL", "VERIFY_SQL", "FrameMatcher", "SparkMatcher", "update_keys_sql"]
 
 _CLAUSE_SCHEMA = (
     "clause INT, subscription STRING, scope STRING, eid STRING, etype STRING, id_op STRING, "
@@ -236,7 +236,50 @@ def _verify(subscriptions: Any, now: float) -> Any:
     return settle
 
 
-class SparkMatcher:
+class FrameMatcher:
+    """What both methods' matchers share: a context manager, and :meth:`match` (updates in
+    memory) over their ``match_frame`` (lines in a DataFrame)."""
+
+    _spark: Any
+
+    def match_frame(
+        self,
+        lines: Any,
+        *,
+        validate: bool = False,
+        source: str = "<input>",
+        now: float | None = None,
+    ) -> Any:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop what the batches matched so far keep cached."""
+
+    def close(self) -> None:
+        """Drop everything the matcher holds."""
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def match(self, updates: Sequence[ContextUpdate], now: float | None = None) -> list[set[str]]:
+        """The ids of the subscriptions each update matches, in order (collected)."""
+        result: list[set[str]] = [set() for _ in updates]
+        if not updates:
+            return result
+        with tempfile.TemporaryDirectory(prefix="silbo-batch-") as directory:
+            lines = updates_frame(self._spark, updates, Path(directory))
+            try:
+                for number, subscription_id in self.match_frame(lines, now=now).collect():
+                    result[number].add(subscription_id)
+            finally:
+                self.release()
+        return result
+
+
+class SparkMatcher(FrameMatcher):
     """One set of subscriptions, as tables in a SparkSession, matched against batches.
 
     ``now`` fixes the clock for expiry (default: when the matcher is built); ``partitions``
@@ -308,12 +351,6 @@ class SparkMatcher:
         for frame in self._cached:
             frame.unpersist()
         self._cached.clear()
-
-    def __enter__(self) -> SparkMatcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def match_frame(
         self,
@@ -392,17 +429,3 @@ class SparkMatcher:
         pairs = pairs.repartition(F.col("update")).sortWithinPartitions("update")
         rdd = pairs.rdd.mapPartitions(_verify(self._subscriptions, now))
         return self._spark.createDataFrame(rdd, "update BIGINT, subscription STRING")
-
-    def match(self, updates: Sequence[ContextUpdate], now: float | None = None) -> list[set[str]]:
-        """The ids of the subscriptions each update matches, in order (collected)."""
-        result: list[set[str]] = [set() for _ in updates]
-        if not updates:
-            return result
-        with tempfile.TemporaryDirectory(prefix="silbo-batch-") as directory:
-            lines = updates_frame(self._spark, updates, Path(directory))
-            try:
-                for number, subscription_id in self.match_frame(lines, now=now).collect():
-                    result[number].add(subscription_id)
-            finally:
-                self.release()
-        return result
