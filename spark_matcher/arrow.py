@@ -87,7 +87,12 @@ def read_update(text: str) -> ContextUpdate | None:
         for name, item in body.items():
             if name in ENTITY_FIELDS:
                 continue
-            if type(item) is not dict or item.get("metadata") or len(item) > 2:
+            if (
+                type(item) is not dict
+                or item.get("metadata")
+                or len(item) > 2
+                or type(item.get("type", "")) is not str
+            ):
                 return update_from_json(body, strict=False)
             value = item.get("value")
             kind = value.__class__
@@ -244,7 +249,6 @@ class EngineMatcher(FrameMatcher):
                 out.write("\n")
         self._ids = spark.read.schema(_IDS_SCHEMA).json(str(where)).cache()
         self._ids.count()
-        self._cached: list[Any] = []
         self.planning_s = time.perf_counter() - started
 
     def close(self) -> None:
@@ -253,10 +257,6 @@ class EngineMatcher(FrameMatcher):
         self._ids.unpersist()
         self._broadcast.unpersist()
         self._directory.cleanup()
-
-    def release(self) -> None:
-        """Nothing is kept between batches (the interface of SparkMatcher)."""
-        self._cached.clear()
 
     def match_frame(
         self,

@@ -58,6 +58,7 @@ def test_the_fast_reader_reads_what_the_checked_reader_reads(update: ContextUpda
         '{"type": "T"}',
         '{"id": 5}',
         '{"id": "a", "x": 5}',
+        '{"id": "a", "x": {"type": 5, "value": 1}}',
         '{"id": "a", "x": {"type": "DateTime", "value": "yesterday"}}',
         '{"id": "a", "type": 3}',
         '{"id": "a", "x": {"value": 1, "metadata": {"m": 3}}}',
