@@ -43,7 +43,7 @@ from broker.model.subscription import Subscription
 from broker.model.update import DEFAULT_ENTITY_TYPE, ContextUpdate
 from broker.partition.selector import RendezvousSelector
 from broker.serialization import packb, subscription_to_obj
-from spark_matcher.entities import ENTITY_FIELDS, InputError, update_from_json
+from spark_matcher.entities import ENTITY_FIELDS, InputError, line_error, update_from_json
 from spark_matcher.match import FrameMatcher
 from spark_matcher.plan import live, partition_selector
 
@@ -200,12 +200,8 @@ def _match_batches(token: str, broadcast: Any, now: float, source: str | None) -
 
 def _fail(source: str, number: int, text: str | None) -> None:
     """Raise the InputError of a line the fast reader could not read."""
-    try:
-        body = json.loads(text or "")
-    except ValueError as exc:
-        raise InputError(source, number + 1, "", f"not JSON: {exc}") from None
-    update_from_json(body, strict=True, source=source, line=number + 1)
-    raise InputError(source, number + 1, "", "not an update")
+    error = line_error(text or "", source=source, line=number + 1)
+    raise error or InputError(source, number + 1, "", "not an update")
 
 
 class EngineMatcher(FrameMatcher):
@@ -250,6 +246,9 @@ class EngineMatcher(FrameMatcher):
         self._ids = spark.read.schema(_IDS_SCHEMA).json(str(where)).cache()
         self._ids.count()
         self.planning_s = time.perf_counter() - started
+
+    def release(self) -> None:
+        """Nothing is kept between batches."""
 
     def close(self) -> None:
         """Drop the broadcast, the id table and the files behind them."""

@@ -27,6 +27,7 @@ from broker.ngsi.entity import parse_attribute
 __all__ = [
     "ENTITY_FIELDS",
     "InputError",
+    "line_error",
     "update_from_json",
     "update_to_json",
     "write_updates",
@@ -74,6 +75,21 @@ def write_updates(updates: Iterable[ContextUpdate], path: Path) -> int:
             out.write("\n")
             count += 1
     return count
+
+
+def line_error(
+    text: str, *, strict: bool = True, source: str = "<input>", line: int = 0
+) -> InputError | None:
+    """Why one JSON line is not a valid update (its InputError), None if it is one."""
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        return InputError(source, line, "", f"not JSON: {exc}")
+    try:
+        update_from_json(body, strict=strict, source=source, line=line)
+    except InputError as exc:
+        return exc
+    return None
 
 
 def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:

@@ -19,6 +19,7 @@ matches any number of batches against them.
 
 from __future__ import annotations
 
+import abc
 import json
 import tempfile
 import time
@@ -236,12 +237,13 @@ def _verify(subscriptions: Any, now: float) -> Any:
     return settle
 
 
-class FrameMatcher:
+class FrameMatcher(abc.ABC):
     """What both methods' matchers share: a context manager, and :meth:`match` (updates in
     memory) over their ``match_frame`` (lines in a DataFrame)."""
 
     _spark: Any
 
+    @abc.abstractmethod
     def match_frame(
         self,
         lines: Any,
@@ -250,13 +252,15 @@ class FrameMatcher:
         source: str = "<input>",
         now: float | None = None,
     ) -> Any:
-        raise NotImplementedError
+        """The matches of ``(update, text)`` lines as ``(update, subscription)`` rows."""
 
-    def release(self) -> None:
-        """Drop what the batches matched so far keep cached."""
-
+    @abc.abstractmethod
     def close(self) -> None:
         """Drop everything the matcher holds."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Drop what the batches matched so far keep cached."""
 
     def __enter__(self) -> Any:
         return self

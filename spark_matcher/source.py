@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.model.attribute import parse_iso8601
 from broker.model.update import ContextUpdate
-from spark_matcher.entities import InputError, update_from_json, write_updates
+from spark_matcher.entities import InputError, line_error, update_from_json, write_updates
 
 __all__ = [
     "MAX_DATES",
@@ -314,12 +314,9 @@ def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> 
 def _python_check(strict: bool) -> Any:
     def check(rows: Iterator[Any]) -> Iterator[tuple[int, str, str]]:
         for row in rows:
-            line, text = row[0], row[1]
-            try:
-                update_from_json(json.loads(text), strict=strict, line=line + 1)
-            except InputError as exc:
-                yield (line, exc.field, exc.reason)
-            except ValueError as exc:
-                yield (line, "", f"not JSON: {exc}")
+            line = row[0]
+            error = line_error(row[1], strict=strict, line=line + 1)
+            if error is not None:
+                yield (line, error.field, error.reason)
 
     return check

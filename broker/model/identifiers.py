@@ -45,8 +45,19 @@ _TENANT = re.compile(r"[a-z0-9_]{1,50}")
 _LEVEL = re.compile(r"[A-Za-z0-9_]{1,50}")
 
 
+_VALID: dict[str, str] = {}  # identifiers found valid (interned): they repeat a lot
+_VALID_LIMIT = 1 << 16
+
+
 def check_identifier(value: object, what: str) -> str:
-    """Return ``value`` (interned) if it is a valid identifier, else raise InvalidIdentifier."""
+    """Return ``value`` (interned) if it is a valid identifier, else raise InvalidIdentifier.
+
+    Texts found valid are remembered (at most :data:`_VALID_LIMIT` at a time): names, types
+    and ids repeat in every request."""
+    if type(value) is str:
+        known = _VALID.get(value)
+        if known is not None:
+            return known
     if not isinstance(value, str):
         raise InvalidIdentifier(f"{what} must be a string, not {type(value).__name__}")
     if not _IDENTIFIER.fullmatch(value):
@@ -62,7 +73,11 @@ def check_identifier(value: object, what: str) -> str:
         raise InvalidIdentifier(
             f"{what} {value!r} has forbidden characters: {' '.join(sorted(bad))}"
         )
-    return sys.intern(value)
+    interned = sys.intern(value)
+    if len(_VALID) >= _VALID_LIMIT:
+        _VALID.clear()
+    _VALID[interned] = interned
+    return interned
 
 
 def check_tenant(value: object) -> str:

@@ -51,8 +51,6 @@ _FORBIDDEN_IN_VALUES = frozenset("<>\"'=;()")
 _UNRESTRICTED = "TextUnrestricted"
 _ATTRIBUTE_KEYS = frozenset({"type", "value", "metadata"})
 _METADATA_KEYS = frozenset({"type", "value"})
-_VALID: dict[str, str] = {}  # identifiers found valid, interned
-_VALID_LIMIT = 1 << 16
 
 
 def check_text(value: Any, what: str) -> None:
@@ -69,22 +67,8 @@ def check_text(value: Any, what: str) -> None:
             check_text(item, what)
 
 
-def _identifier(value: Any, what: str, suffix: str = "") -> str:
-    """:func:`check_identifier` (of ``what + suffix``), remembering the texts found valid
-    (names and types repeat in every request)."""
-    if type(value) is str:
-        known = _VALID.get(value)
-        if known is not None:
-            return known
-    checked = check_identifier(value, what + suffix)
-    if len(_VALID) >= _VALID_LIMIT:
-        _VALID.clear()
-    _VALID[checked] = checked
-    return checked
-
-
 def _typed_value(type_: Any, value: Any, what: str) -> tuple[str, Any]:
-    type_ = default_type(value) if type_ is None else _identifier(type_, what, " type")
+    type_ = default_type(value) if type_ is None else check_identifier(type_, f"{what} type")
     kind = type(value)
     if kind is str:
         plain = len(value) <= MAX_STRING_LENGTH and (
@@ -108,7 +92,7 @@ def _typed_value(type_: Any, value: Any, what: str) -> tuple[str, Any]:
 
 def parse_attribute(name: str, body: Any, *, key_values: bool) -> dict[str, Any]:
     """One attribute of a request body, normalized: ``{"type", "value", "metadata"}``."""
-    _identifier(name, "attribute name")
+    check_identifier(name, "attribute name")
     if name in RESERVED_ATTRIBUTE_NAMES:
         raise InvalidUpdate(f"attribute name {name!r} is reserved")
     what = f"attribute {name!r}"
@@ -161,8 +145,8 @@ def parse_entity(body: Any, *, key_values: bool) -> tuple[str, str, Attributes]:
         raise InvalidUpdate("an entity must be a JSON object")
     if "id" not in body:
         raise InvalidUpdate("entity id is missing")
-    entity_id = _identifier(body["id"], "entity id")
-    entity_type = _identifier(body.get("type", DEFAULT_ENTITY_TYPE), "entity type")
+    entity_id = check_identifier(body["id"], "entity id")
+    entity_type = check_identifier(body.get("type", DEFAULT_ENTITY_TYPE), "entity type")
     attributes = {
         name: parse_attribute(name, item, key_values=key_values)
         for name, item in body.items()

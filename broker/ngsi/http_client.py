@@ -283,7 +283,6 @@ class _Connection(asyncio.Protocol):
         self._status = 0
         self._keep = True
         self._remaining = 0
-        self._chunked = False
 
     # -- the caller's side ------------------------------------------------------------------
 

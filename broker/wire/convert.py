@@ -241,17 +241,10 @@ def add_selectors(spec: pb.SubscriptionSpec, selectors: Iterable[EntitySelector]
 # -- the connection point's check: validate a client's Entity, get the matchable form ------
 
 _CACHE_LIMIT = 1 << 16
-# Texts already found valid, per kind (they repeat a lot: names, types, ids, paths).
-_identifiers: dict[str, str] = {}
+# Tenants and paths already found valid (they repeat a lot; check_identifier remembers the
+# identifiers itself).
 _tenants: dict[str, str] = {}
 _paths: dict[str, str] = {}
-
-
-def _identifier(value: str, what: str) -> str:
-    found = _identifiers.get(value)
-    if found is None:
-        found = _remember(_identifiers, value, check_identifier(value, what))
-    return found
 
 
 def _remember(cache: dict[str, str], key: str, value: str) -> str:
@@ -273,8 +266,8 @@ def normalize_entity(entity: pb.Entity) -> list[Any]:
         entity.type = DEFAULT_ENTITY_TYPE
     if not entity.service_path:
         entity.service_path = DEFAULT_SERVICE_PATH
-    entity_id = _identifier(entity.id, "entity id")
-    entity_type = _identifier(entity.type, "entity type")
+    entity_id = check_identifier(entity.id, "entity id")
+    entity_type = check_identifier(entity.type, "entity type")
     tenant = entity.tenant
     if tenant not in _tenants:
         _remember(_tenants, tenant, check_tenant(tenant))
@@ -283,11 +276,9 @@ def normalize_entity(entity: pb.Entity) -> list[Any]:
         _remember(_paths, path, check_service_path(path))
     attributes: list[Any] = []
     seen: set[str] = set()
-    identifiers = _identifiers
     for wire in entity.attributes:
         name = wire.name
-        if name not in identifiers:
-            _identifier(name, "attribute name")
+        check_identifier(name, "attribute name")
         if name in seen:
             raise InvalidUpdate(f"attribute {name!r} is given twice")
         if name in RESERVED_ATTRIBUTE_NAMES:
@@ -310,8 +301,7 @@ def normalize_entity(entity: pb.Entity) -> list[Any]:
         type_ = wire.type
         if not type_:
             type_ = wire.type = default_type(value)
-        if type_ not in identifiers:
-            _identifier(type_, "attribute type")
+        check_identifier(type_, "attribute type")
         if type_ in DATE_TYPES and value is not None:
             _check_date(value, f"attribute {name!r}", type_)
         attributes.append([name, type_, value, _metadata(wire, name) if wire.metadata else []])
@@ -322,11 +312,11 @@ def _metadata(wire: pb.Attribute, name: str) -> list[Any]:
     metadata: list[Any] = []
     for meta in wire.metadata:
         what = f"attribute {name!r} metadata {meta.name!r}"
-        key = _identifier(meta.name, "metadata name")
+        key = check_identifier(meta.name, "metadata name")
         item = _checked_value(meta.value, what)
         if not meta.type:
             meta.type = default_type(item)
-        meta_type = _identifier(meta.type, "metadata type")
+        meta_type = check_identifier(meta.type, "metadata type")
         if meta_type in DATE_TYPES and item is not None:
             _check_date(item, what, meta_type)
         metadata.append([key, meta_type, item])
