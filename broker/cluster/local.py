@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -121,6 +121,7 @@ class ClusterSpec:
     # NGSI v2 HTTP: the first connection point's port, the next ones count up; 0: any; None: off
     http_port: int | None = None
     notify_allow: tuple[str, ...] = ()  # --notify-allow of every connection point
+    status_flush: float = 10.0  # --status-flush of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
@@ -151,6 +152,8 @@ class ClusterSpec:
             )
         if self.spark_offload < 0:
             problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
+        if not self.status_flush > 0:
+            problems.append(f"--status-flush must be positive, not {self.status_flush}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
         if self.zk is not None and not self.zk.strip():
@@ -456,15 +459,19 @@ class LocalCluster:
                 listen = f"{HOST}:0"
                 if role is Role.CONNECTION_POINT and port:
                     listen = f"{HOST}:{port + i}"
-                extra: list[str] = []
-                if role is Role.CONNECTION_POINT and self.spec.http_port is not None:
-                    http = self.spec.http_port and self.spec.http_port + i
-                    extra = ["--http-listen", f"{HOST}:{http}"]
-                    for entry in self.spec.notify_allow:
-                        extra += ["--notify-allow", entry]
-                self._spawn(role, i + 1, listen, extra)
+                self._spawn(role, i + 1, listen)
 
-    def _spawn(self, role: Role, number: int, listen: str, extra: Sequence[str] = ()) -> None:
+    def _http_options(self, number: int) -> list[str]:
+        """A connection point's NGSI v2 options (``number`` counts from 1)."""
+        if self.spec.http_port is None:
+            return []
+        http = self.spec.http_port and self.spec.http_port + number - 1
+        extra = ["--http-listen", f"{HOST}:{http}", "--status-flush", str(self.spec.status_flush)]
+        for entry in self.spec.notify_allow:
+            extra += ["--notify-allow", entry]
+        return extra
+
+    def _spawn(self, role: Role, number: int, listen: str) -> None:
         log = self.state_dir / "logs" / f"{role.value}-{number}.log"
         command = [
             sys.executable,
@@ -480,8 +487,9 @@ class LocalCluster:
             listen,
             "--log-level",
             self.spec.log_level,
-            *extra,
         ]
+        if role is Role.CONNECTION_POINT:
+            command += self._http_options(number)
         if role is Role.MATCHER and self.spec.spark_offload:
             command += ["--spark-offload", str(self.spec.spark_offload)]
         with _signals_held() as mask, open(log, "ab") as out:

@@ -3,7 +3,8 @@
     silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
-        [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...]]   (connection points)
+        [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]]
+                                                                      (connection points)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
 port in use, bad options) are one line on stderr and exit status 2.
@@ -57,11 +58,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
+    add_status_flush(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
     )
     parser.set_defaults(handler=run)
+
+
+def add_status_flush(parser: argparse.ArgumentParser) -> None:
+    """Add ``--status-flush S`` (``silbo run`` and ``silbo up``: docs/ngsi.md)."""
+    parser.add_argument(
+        "--status-flush",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="connection points: seconds between saves of the HTTP subscriptions' counters "
+        "to ZooKeeper (default 10)",
+    )
 
 
 def add_spark_offload(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             zk_timeout=args.zk_timeout,
             http_listen=args.http_listen,
             notify_allow=tuple(args.notify_allow),
+            status_flush=args.status_flush,
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
         )

@@ -1,7 +1,8 @@
 """``silbo up``: start a whole cluster on this machine.
 
     silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
-        [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]]
+        [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]
+        [--status-flush S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--log-level INFO] [--timeout 60]
 
@@ -44,7 +45,7 @@ from broker.cluster.local import (
     LocalCluster,
     PortTaken,
 )
-from broker.commands.run import add_spark_offload
+from broker.commands.run import add_spark_offload, add_status_flush
 from broker.coordination.errors import (
     JavaNotFound,
     PortInUse,
@@ -108,6 +109,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
+    add_status_flush(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
@@ -137,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
             grpc_port=args.grpc_port,
             http_port=args.http_port,
             notify_allow=tuple(args.notify_allow),
+            status_flush=args.status_flush,
             spark_offload=args.spark_offload,
             zk=args.zk,
             cluster=args.cluster,

@@ -5,15 +5,17 @@ started by :class:`broker.ngsi.notifier.Notifier` (:func:`main`),
 does the rest, so sending takes neither the connection point's loop nor its GIL. They talk
 over the worker's stdin and stdout in msgpack arrays:
 
-- in: ``["s", number, id, generation, reset, config]`` a subscription created or changed
-  (``number``: what the connection point calls it in the pipe; :class:`Config`; ``reset``:
-  its failsCounter back to 0), ``["f", number]`` one deleted, ``["n", entities, numbers,
-  indexes]`` a batch of notifications: the published entities' bytes, and for each
-  notification the subscription's number and its entity's index (both arrays of
-  little-endian uint32, as bytes);
+- in: ``["s", number, id, generation, fails, config]`` a subscription created or changed
+  (``number``: what the connection point calls it in the pipe; :class:`Config`; ``fails``:
+  its failsCounter from now on, or None to keep it), ``["f", number]`` one deleted, ``["n",
+  entities, numbers, indexes]`` a batch of notifications: the published entities' bytes,
+  and for each notification the subscription's number and its entity's index (both arrays
+  of little-endian uint32, as bytes); ``["i", token]`` a request to be told once nothing
+  waits or is in flight;
 - out: ``["r", [[id, generation, last_success, code, last_failure, reason, fails_counter,
   dropped], ...]]`` what happened to subscriptions since the last report (times are None
-  if nothing new; ``dropped`` is a count since the last report).
+  if nothing new; ``dropped`` is a count since the last report); ``["i", token]`` nothing
+  waits or is in flight any more (the report of everything sent comes before it).
 
 A waiting notification is its entity's bytes and a number: the entity is decoded and the
 body rendered only when one of its notifications is sent (a dropped one costs neither),
@@ -62,6 +64,7 @@ K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 REPORT_EVERY = 0.05  # seconds between status reports to the connection point
+IDLE_POLL = 0.02  # seconds between looks for an idle worker (asked by ["i", token])
 READ_SIZE = 1 << 16  # bytes read from the pipe at a time
 FULL_WAIT = 0.005  # seconds between looks at a full backlog before reading more
 RESUME_AT = 0.99  # a full backlog is read into again once this share of it is left
@@ -279,6 +282,7 @@ class Worker:
         self._client: HttpClient | None = None
         self._out: asyncio.WriteTransport | None = None
         self._report_due = False
+        self._sending = 0  # subscriptions with a request in flight (drains running)
 
     async def run(self) -> None:
         """Serve stdin until it closes."""
@@ -312,25 +316,37 @@ class Worker:
         if kind == "n":
             self._notify(message[1], message[2], message[3])
         elif kind == "s":
-            _kind, number, sid, generation, reset, data = message
+            _kind, number, sid, generation, fails, data = message
             config = Config.from_list(data)
             target, service = _target(config)
             wrapper = b'{"subscriptionId":"%s","data":[' % sid.encode()
             subscription = self._subscriptions.get(number)
             if subscription is None:
-                self._subscriptions[number] = _Subscription(
+                subscription = self._subscriptions[number] = _Subscription(
                     sid, config, generation, target, service, wrapper
                 )
             else:
                 subscription.config, subscription.generation = config, generation
                 subscription.target, subscription.service = target, service
-                if reset:
-                    subscription.fails_counter = 0
+            if fails is not None:
+                subscription.fails_counter = fails
         elif kind == "f":
             gone = self._subscriptions.pop(message[1], None)
             if gone is not None:
                 self._backlog.clear(gone)
                 self._changed.pop(gone.id, None)
+        elif kind == "i":
+            task = asyncio.get_running_loop().create_task(self._tell_idle(message[1]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _tell_idle(self, token: int) -> None:
+        """Answer ``["i", token]`` once nothing waits and no request is in flight."""
+        while len(self._backlog) or self._sending:
+            await asyncio.sleep(IDLE_POLL)
+        self._send_report()
+        if self._out is not None and not self._out.is_closing():
+            self._out.write(msgpack.packb(["i", token]))
 
     def _notify(self, entities: list[bytes], numbers: bytes, indexes: bytes) -> None:
         batch = [_Entity(data) for data in entities]
@@ -358,6 +374,7 @@ class Worker:
                 task.add_done_callback(self._tasks.discard)
 
     async def _drain(self, subscription: _Subscription) -> None:
+        self._sending += 1
         try:
             while (notification := self._backlog.pop(subscription)) is not None:
                 if subscription.failed_out():
@@ -367,6 +384,7 @@ class Worker:
                 await self._post(subscription, notification)
         finally:
             subscription.sending = False
+            self._sending -= 1
 
     async def _post(self, subscription: _Subscription, notification: _Notification) -> None:
         assert self._client is not None, "the worker has not started"

@@ -16,17 +16,21 @@ for the batch that carries them to be accepted (:class:`_Publisher`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
+import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from aiohttp import web
 
-from broker.errors import NotFound, SilboError
+from broker.coordination.http_subscriptions import Registry, Stored, heir
+from broker.errors import NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
 from broker.ngsi.cache import DEFAULT_LIMIT, LastValues, Outcome
 from broker.ngsi.change import with_change
@@ -41,17 +45,38 @@ from broker.ngsi.notifier import (
     Notifier,
 )
 from broker.ngsi.request import MAX_BODY, checks
-from broker.ngsi.subscriptions import HttpSubscription, Parsed
+from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
 from broker.runtime.options import parse_address
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 
-__all__ = ["ORION_VERSION", "BrokerPort", "FrontOptions", "NgsiFront", "delivery_config"]
+__all__ = [
+    "ORION_VERSION",
+    "BrokerPort",
+    "FrontOptions",
+    "NgsiFront",
+    "OnFronts",
+    "OpenRegistry",
+    "delivery_config",
+]
 
 _log = logging.getLogger(__name__)
 
+_NOT_FOUND = "The requested subscription has not been found. Check id"
+_ID = re.compile("[0-9a-f]{24}")  # what create() makes
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
+FLUSH_TICK = 1.0  # seconds between looks for statuses to save
+RESCAN = 15.0  # seconds between looks for orphans when no front came or went
+ADOPT_BATCH = 500  # orphans claimed and placed with the matchers at a time
 ORION_VERSION = "3.12.0"  # the Orion release whose API the front follows (clients check it)
 MAX_PUBLISH_BATCH = 1_000
+DEFAULT_STATUS_FLUSH = 10.0
+
+
+OnFronts = Callable[[dict[str, str], bool], None]
+# a front's registry (broker.coordination.http_subscriptions): given the front's HTTP address
+# and what to call when the fronts change
+OpenRegistry = Callable[[str, OnFronts], Registry]
 
 
 class BrokerPort(Protocol):
@@ -77,6 +102,8 @@ class FrontOptions:
 
     listen: str
     allow: AllowList = field(default_factory=AllowList.parse)
+    advertise: str = ""  # the host other fronts reach this one at, when listening on any
+    status_flush: float = DEFAULT_STATUS_FLUSH  # seconds between saves of changed counters
     cache_limit: int = DEFAULT_LIMIT
     concurrency: int = DEFAULT_CONCURRENCY
     per_origin: int = DEFAULT_PER_ORIGIN
@@ -91,7 +118,7 @@ class AddressTaken(SilboError):
 class NgsiFront:
     """The HTTP front (see the module doc)."""
 
-    def __init__(self, port: BrokerPort, options: FrontOptions) -> None:
+    def __init__(self, port: BrokerPort, options: FrontOptions, registry: OpenRegistry) -> None:
         self.port = port
         self.options = options
         self.allow = options.allow
@@ -108,38 +135,66 @@ class NgsiFront:
         self._publisher = _Publisher(port)
         self._runner: web.AppRunner | None = None
         self.address = ""
+        self._open_registry = registry
+        self._kept: Registry | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._rescan = asyncio.Event()  # the fronts changed: look for orphans
+        self._scanned = 0.0  # when orphans were last looked for (time.monotonic())
+        self._reclaim = False  # a new ZooKeeper session: claim what this front holds again
+        self._adopting = asyncio.Lock()  # adoption and hand-over never interleave
+        self._leaving = False  # handed over: the staying fronts own what it held
 
     async def start(self) -> str:
-        """Serve HTTP; the address bound (AddressTaken if it cannot)."""
+        """Serve HTTP; the address bound (AddressTaken if it cannot). The front joins the
+        other fronts (ZooKeeper) between binding and serving: a request it answers can
+        always keep a subscription."""
         from broker.ngsi.routes import add_routes  # routes import this module
 
         host, port = parse_address(self.options.listen, "--http-listen")
+        sock = _bind(host, port, self.options.listen)
         app = web.Application(middlewares=[checks], client_max_size=MAX_BODY + 1)
         add_routes(app, self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=False)
+        bound = sock.getsockname()[1]
+        self.address = f"{host}:{bound}"
+        advertised = (self.options.advertise or host) if host in _WILDCARDS else host
         try:
-            await site.start()
-        except OSError as exc:
+            self._kept = self._open_registry(f"{advertised}:{bound}", self._fronts_changed)
+            await self._kept.join()
+            await self.notifier.start()
+            self._publisher.start()
+            await web.SockSite(self._runner, sock).start()
+        except BaseException:
+            sock.close()
             await self._runner.cleanup()
-            raise AddressTaken(
-                f"cannot serve HTTP on {self.options.listen}: {exc.strerror or exc} (pick "
-                "another with --http-listen HOST:PORT, or port 0 for any)"
-            ) from exc
-        await self.notifier.start()
-        self._publisher.start()
-        addresses = self._runner.addresses
-        self.address = f"{host}:{addresses[0][1] if addresses else port}"
+            raise
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_up())
         _log.info("NGSI v2 HTTP front serving on %s", self.address)
         return self.address
 
     async def stop(self) -> None:
-        """Stop serving, drop queued notifications."""
+        """Stop serving; save every status and give the subscriptions up to the other
+        fronts (unless handed over already); drop queued notifications."""
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        if self._kept is not None and not self._leaving:
+            try:
+                await self.save_statuses(whole=True)
+                self._leaving = True
+                await self._kept.leave()
+                await self._kept.release(list(self.subscriptions))
+            except SilboError as exc:
+                _log.warning("the HTTP subscriptions were not given up cleanly: %s", exc)
         await self._publisher.stop()
         await self.notifier.stop()
+
+    def _registry(self) -> Registry:
+        assert self._kept is not None, "the front has not started"
+        return self._kept
 
     # -- updates ----------------------------------------------------------------------------
 
@@ -154,22 +209,76 @@ class NgsiFront:
 
     # -- subscriptions ----------------------------------------------------------------------
 
-    def get(self, tenant: str, subscription_id: str) -> HttpSubscription:
-        """A subscription of ``tenant`` (NotFound otherwise, also for another tenant's)."""
+    async def find(self, tenant: str, subscription_id: str) -> HttpSubscription | str:
+        """A subscription of ``tenant``: held here, or the HTTP address of the front that
+        holds it; one that no front holds is adopted here. NotFound otherwise (also for
+        another tenant's held here)."""
         found = self.subscriptions.get(subscription_id)
-        if found is None or found.tenant != tenant:
-            raise NotFound("The requested subscription has not been found. Check id")
-        return found
+        if found is not None:
+            return self._of_tenant(found, tenant)
+        if not _ID.fullmatch(subscription_id):
+            raise NotFound(_NOT_FOUND)  # none was ever made: ids are 24 hexadecimal digits
+        registry = self._registry()
+        owner = await registry.owner(subscription_id)
+        if owner is None or owner == self.port.name:
+            if not await registry.exists(subscription_id):
+                raise NotFound(_NOT_FOUND)
+            if not self._leaving:
+                await self._adopt([subscription_id])
+            found = self.subscriptions.get(subscription_id)
+            if found is not None:
+                return self._of_tenant(found, tenant)
+            owner = await registry.owner(subscription_id)
+            if owner is None or owner == self.port.name:
+                if not await registry.exists(subscription_id):
+                    raise NotFound(_NOT_FOUND)  # deleted meanwhile
+                raise Unavailable(
+                    f"subscription {subscription_id} is being taken over by another "
+                    "connection point; try again"
+                )
+        address = registry.fronts.get(owner)
+        if not address:
+            raise Unavailable(
+                f"subscription {subscription_id} is held by connection point {owner}, whose "
+                "HTTP front is not known here yet; try again"
+            )
+        return address
+
+    @staticmethod
+    def _of_tenant(subscription: HttpSubscription, tenant: str) -> HttpSubscription:
+        if subscription.tenant != tenant:
+            raise NotFound(_NOT_FOUND)
+        return subscription
+
+    def listed(self, tenant: str, scope: str | None) -> list[HttpSubscription]:
+        """This front's subscriptions of ``tenant`` (in ``scope``), oldest first."""
+        chosen = [
+            s
+            for s in self.subscriptions.values()
+            if s.tenant == tenant and (scope is None or s.scope == scope)
+        ]
+        chosen.sort(key=lambda s: (s.created, s.id))
+        return chosen
+
+    def peers(self) -> dict[str, str]:
+        """The other fronts serving now: member name -> HTTP address."""
+        fronts = self._registry().fronts
+        return {name: address for name, address in fronts.items() if name != self.port.name}
 
     async def create(self, tenant: str, scope: str, parsed: Parsed) -> HttpSubscription:
-        """Place a new subscription with the matchers and keep it."""
+        """Keep a new subscription (ZooKeeper first, so that a crash leaves it to be
+        adopted, never half made), then place it with the matchers."""
+        if self._leaving:
+            raise Unavailable("this connection point is leaving; send the request to another")
         subscription = HttpSubscription(uuid.uuid4().hex[:24], tenant, scope, parsed)
-        [handle] = await self.port.subscribe([subscription.spec()], replace=False)
-        subscription.handle = handle
-        self.subscriptions[subscription.id] = subscription
-        self._by_handle[handle] = subscription
-        self.notifier.configure(subscription, delivery_config(parsed), reset=False)
-        self._firing.invalidate()
+        registry = self._registry()
+        await registry.create(_stored(subscription))
+        try:
+            [handle] = await self.port.subscribe([subscription.spec()], replace=False)
+        except BaseException:
+            await asyncio.shield(_quietly(registry.remove(subscription.id)))
+            raise
+        self._hold(subscription, handle, fails=0)
         return subscription
 
     async def update(
@@ -177,11 +286,13 @@ class NgsiFront:
     ) -> None:
         """Apply a validated PATCH (the matchers' copy replaced when theirs changed)."""
         old = subscription.parsed
+        await self._registry().replace(_stored(subscription, parsed.document))
         subscription.parsed = parsed
         if "status" in fields:
             subscription.status = parsed.status
             subscription.fails_counter = 0
-        self.notifier.configure(subscription, delivery_config(parsed), reset="status" in fields)
+        fails = 0 if "status" in fields else None
+        self.notifier.configure(subscription, delivery_config(parsed), fails=fails)
         self._firing.invalidate()
         matchers_see = (old.selectors, old.q, old.mq, old.expires)
         if matchers_see != (parsed.selectors, parsed.q, parsed.mq, parsed.expires):
@@ -192,12 +303,174 @@ class NgsiFront:
             self._firing.invalidate()
 
     async def delete(self, subscription: HttpSubscription) -> None:
-        """Remove a subscription from the matchers and from this front."""
-        await self.port.unsubscribe([subscription.id])
+        """Remove a subscription from ZooKeeper (first: one left there would be adopted
+        again), from this front and from the matchers."""
+        await self._registry().remove(subscription.id)
+        self._drop(subscription)
+        try:
+            await self.port.unsubscribe([subscription.id])
+        except SilboError as exc:  # what they still match for it finds no subscription here
+            _log.warning("subscription %s left with the matchers: %s", subscription.id, exc)
+
+    def _hold(self, subscription: HttpSubscription, handle: int, *, fails: int | None) -> None:
+        if not subscription.saved:  # new: its definition says all there is
+            subscription.saved = subscription.status_key()
+        subscription.handle = handle
+        self.subscriptions[subscription.id] = subscription
+        self._by_handle[handle] = subscription
+        self.notifier.configure(subscription, delivery_config(subscription.parsed), fails=fails)
+        self._firing.invalidate()
+
+    def _drop(self, subscription: HttpSubscription) -> None:
         self.subscriptions.pop(subscription.id, None)
         self._by_handle.pop(subscription.handle, None)
         self.notifier.forget(subscription)
         self._firing.invalidate()
+
+    # -- sharing the subscriptions with the other fronts -------------------------------------
+
+    def _fronts_changed(self, fronts: dict[str, str], renewed: bool) -> None:
+        """The fronts serving changed (or this one's ZooKeeper session was renewed): adopt
+        the orphans that fall to this front."""
+        if renewed:
+            self._reclaim = True
+        self._rescan.set()
+
+    async def _keep_up(self) -> None:
+        """Adopt orphans whenever the fronts change (and every ``RESCAN`` seconds, for one
+        whose heir died before adopting it); save statuses as they change."""
+        last_flush = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rescan.wait(), FLUSH_TICK)
+            now = time.monotonic()
+            try:
+                if self._rescan.is_set() or now - self._scanned > RESCAN:
+                    self._rescan.clear()
+                    self._scanned = now
+                    if self._reclaim:
+                        self._reclaim = False
+                        await self._claim_own()
+                    await self._adopt_orphans()
+                whole = now - last_flush >= self.options.status_flush
+                if whole:
+                    last_flush = now
+                await self.save_statuses(whole=whole)
+            except SilboError as exc:
+                _log.warning("HTTP subscriptions not kept up this time: %s", exc)
+
+    async def save_statuses(self, *, whole: bool) -> None:
+        """Write to ZooKeeper the statuses that changed: every one (``whole``), or only
+        those whose ``status`` changed (a oneshot that fired must not fire again elsewhere)."""
+        if self._leaving:
+            return  # the heirs own them now
+        changed = []
+        for subscription in self.subscriptions.values():
+            key, saved = subscription.status_key(), subscription.saved
+            if key != saved and (whole or key[0] != saved[0]):
+                changed.append(subscription)
+        if not changed:
+            return
+        await self._registry().save_status((s.id, s.status_record()) for s in changed)
+        for subscription in changed:
+            subscription.saved = subscription.status_key()
+
+    async def _claim_own(self) -> None:
+        """After a lost ZooKeeper session: claim again what this front holds; what another
+        front adopted meanwhile is its own now (the matchers send it there)."""
+        registry = self._registry()
+        for subscription in list(self.subscriptions.values()):
+            if not await registry.claim(subscription.id):
+                _log.warning("subscription %s was adopted by another front", subscription.id)
+                self._drop(subscription)
+
+    async def _adopt_orphans(self) -> None:
+        if self._leaving:
+            return
+        registry = self._registry()
+        fronts = list(registry.fronts)
+        if self.port.name not in fronts:
+            return  # not seen as serving yet: the others adopt
+        orphans = await registry.orphans()
+        mine = [i for i in orphans if heir(i, fronts) == self.port.name]
+        if mine:
+            await self._adopt(mine)
+
+    async def _adopt(self, ids: Sequence[str]) -> None:
+        """Take orphans over: claim each, read it, place it with the matchers (replacing the
+        copy the dead front placed, which nobody receives any more), and deliver it."""
+        async with self._adopting:
+            if self._leaving:
+                return
+            registry = self._registry()
+            for start in range(0, len(ids), ADOPT_BATCH):
+                chunk = [i for i in ids[start : start + ADOPT_BATCH] if i not in self.subscriptions]
+                claimed = await asyncio.gather(*(registry.claim(i) for i in chunk))
+                taken = [i for i, won in zip(chunk, claimed, strict=True) if won]
+                stored = await asyncio.gather(*(registry.read(i) for i in taken))
+                adopted = []
+                for subscription_id, kept in zip(taken, stored, strict=True):
+                    subscription = self._revive(subscription_id, kept)
+                    if subscription is None:
+                        await registry.release([subscription_id])
+                    else:
+                        adopted.append(subscription)
+                if not adopted:
+                    continue
+                try:
+                    handles = await self.port.subscribe([s.spec() for s in adopted], replace=True)
+                except SilboError:
+                    await registry.release([s.id for s in adopted])
+                    raise
+                for subscription, handle in zip(adopted, handles, strict=True):
+                    self._hold(subscription, handle, fails=subscription.fails_counter)
+                _log.info("adopted %d HTTP subscriptions", len(adopted))
+
+    def _revive(self, subscription_id: str, kept: Stored | None) -> HttpSubscription | None:
+        if kept is None:
+            return None
+        try:
+            parsed = parse_document(kept.document, self.allow)
+        except SilboError as exc:
+            _log.error(
+                "subscription %s cannot be taken over here (%s); it waits for another front",
+                subscription_id,
+                exc,
+            )
+            return None
+        subscription = HttpSubscription(
+            subscription_id, kept.tenant, kept.scope, parsed, created=kept.created
+        )
+        subscription.restore(kept.status)
+        return subscription
+
+    async def hand_over(self, timeout: float) -> int:
+        """This connection point leaves: save every status, stop being a front, give every
+        subscription up, and wait (at most ``timeout`` seconds) until the staying fronts
+        adopted them all. Notifications already matched for them still come here and are
+        sent (:meth:`drain`). The number handed over."""
+        async with self._adopting:
+            await self.save_statuses(whole=True)
+            self._leaving = True
+        registry = self._registry()
+        await registry.leave()
+        ids = list(self.subscriptions)
+        self.subscriptions.clear()  # requests for them go to their new owners
+        await registry.release(ids)
+        deadline = time.monotonic() + timeout
+        waiting = ids
+        while waiting and time.monotonic() < deadline:
+            owned = await registry.owned()  # by the others: this front claims nothing now
+            waiting = [i for i in waiting if i not in owned]
+            if waiting:
+                await asyncio.sleep(0.05)
+        if waiting:
+            _log.warning("%d HTTP subscriptions were not adopted in time", len(waiting))
+        return len(ids) - len(waiting)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until what was matched so far left through the notifier."""
+        return await self.notifier.idle(timeout)
 
     # -- notifications ----------------------------------------------------------------------
 
@@ -211,6 +484,46 @@ class NgsiFront:
         if not self.notifier.send(fired.entities, fired.numbers, fired.indexes):
             for subscription, count in fired.counts:
                 subscription.dropped += count
+
+
+def _bind(host: str, port: int, listen: str) -> socket.socket:
+    """A listening socket on ``host:port`` (not shared: a taken port is AddressTaken)."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise AddressTaken(f"cannot serve HTTP on {listen}: {exc.strerror or exc}") from exc
+    try:
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise AddressTaken(
+            f"cannot serve HTTP on {listen}: {exc.strerror or exc} (pick another with "
+            "--http-listen HOST:PORT, or port 0 for any)"
+        ) from exc
+    return sock
+
+
+def _stored(subscription: HttpSubscription, document: dict[str, Any] | None = None) -> Stored:
+    """What ZooKeeper keeps of a subscription's definition."""
+    return Stored(
+        subscription.id,
+        subscription.tenant,
+        subscription.scope,
+        document if document is not None else subscription.parsed.document,
+        subscription.created,
+        {},
+    )
+
+
+async def _quietly(work: Awaitable[None]) -> None:
+    try:
+        await work
+    except SilboError as exc:
+        _log.warning("%s", exc)
 
 
 def delivery_config(parsed: Parsed) -> Config:

@@ -84,6 +84,7 @@ class Notifier:
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._stopping = False
+        self._idle: dict[int, asyncio.Future[None]] = {}  # idle() calls waiting, by token
 
     async def start(self) -> None:
         """Start the worker."""
@@ -98,7 +99,8 @@ class Notifier:
         self._reader = asyncio.get_running_loop().create_task(self._read(self._process))
         for sid, subscription in self._subscriptions.items():  # a restarted worker
             config = self._configs[sid].to_list()
-            self._write(["s", subscription.number, sid, subscription.generation, False, config])
+            fails = subscription.fails_counter
+            self._write(["s", subscription.number, sid, subscription.generation, fails, config])
 
     async def stop(self) -> None:
         """Stop the worker: what is queued is dropped, what is in flight cancelled."""
@@ -116,8 +118,11 @@ class Notifier:
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
-    def configure(self, subscription: HttpSubscription, config: Config, *, reset: bool) -> None:
-        """Hand the worker a new or changed subscription (``reset``: its failsCounter too)."""
+    def configure(
+        self, subscription: HttpSubscription, config: Config, *, fails: int | None
+    ) -> None:
+        """Hand the worker a new or changed subscription (``fails``: its failsCounter from
+        now on; None keeps the worker's)."""
         subscription.generation += 1
         if not subscription.number:
             subscription.number = next(self._numbers)
@@ -129,10 +134,26 @@ class Notifier:
                 subscription.number,
                 subscription.id,
                 subscription.generation,
-                reset,
+                fails,
                 config.to_list(),
             ]
         )
+
+    async def idle(self, timeout: float) -> bool:
+        """Wait until the worker has nothing waiting or in flight (and has reported what it
+        sent); False if that did not happen within ``timeout`` seconds."""
+        token = next(self._numbers)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle[token] = done
+        try:
+            if not self._write(["i", token]):
+                return False
+            await asyncio.wait_for(done, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._idle.pop(token, None)
 
     def forget(self, subscription: HttpSubscription) -> None:
         """Drop a deleted subscription and what it still had queued."""
@@ -169,8 +190,13 @@ class Notifier:
         unpacker = msgpack.Unpacker(raw=False, max_buffer_size=1 << 30)
         while chunk := await process.stdout.read(1 << 20):
             unpacker.feed(chunk)
-            for _kind, rows in unpacker:
-                self._reported(rows)
+            for kind, body in unpacker:
+                if kind == "i":
+                    waiting = self._idle.get(body)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(None)
+                else:
+                    self._reported(body)
         if not self._stopping:
             _log.error("the notification worker ended (%s); starting another", await process.wait())
             await self.start()

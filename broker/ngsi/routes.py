@@ -7,13 +7,17 @@ exists and what changed); subscriptions are the broker's own. Operations of a co
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 
-from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError
+from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError, Unavailable
 from broker.model.attribute import check_value
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
 from broker.model.update import DEFAULT_ENTITY_TYPE
@@ -38,7 +42,20 @@ from broker.ngsi.request import (
 )
 from broker.ngsi.subscriptions import merged, parse_document
 
-__all__ = ["add_routes"]
+__all__ = ["CREATED", "HOPS", "LOCAL_ONLY", "add_routes"]
+
+_log = logging.getLogger(__name__)
+
+# headers between fronts (a client that sends them gets what a front gets, nothing more)
+LOCAL_ONLY = "Silbo-Local-Only"  # list this front's subscriptions only
+CREATED = "Silbo-Created"  # with LOCAL_ONLY: the listed subscriptions' [created, id] pairs
+HOPS = "Silbo-Hops"  # how many fronts passed the request on
+MAX_HOPS = 2
+FORWARD_TIMEOUT = 10.0  # seconds another front may take to answer
+_PASSED_ON = frozenset(
+    {"fiware-service", "fiware-servicepath", "content-type", "accept", "fiware-correlator"}
+)
+_ANSWER_HEADERS = frozenset({"Content-Type", "Location", "Fiware-Total-Count"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -100,6 +117,7 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
     for method, path, handler in table:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)
+    app.on_cleanup.append(routes.close)
 
 
 def _location(entity_id: str, entity_type: str) -> str:
@@ -109,6 +127,7 @@ def _location(entity_id: str, entity_type: str) -> str:
 class _Routes:
     def __init__(self, front: NgsiFront) -> None:
         self.front = front
+        self._session: aiohttp.ClientSession | None = None  # to the other fronts
 
     # -- about -------------------------------------------------------------------------------
 
@@ -332,38 +351,128 @@ class _Routes:
         )
 
     async def list_subscriptions(self, request: web.Request) -> web.Response:
+        """Every front's subscriptions of the tenant, oldest first: this front's, and those
+        the other fronts answer for themselves (``LOCAL_ONLY``), merged by creation time."""
         options = options_of(request)
         tenant = tenant_of(request)
         scope = scope_of(request)
         limit = _whole(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         offset = _whole(request, "offset", 0, 0, None)
-        chosen = [
-            s
-            for s in self.front.subscriptions.values()
-            if s.tenant == tenant and (scope is None or s.scope == scope)
-        ]
         now = _now()
-        page = [s.to_json(now) for s in chosen[offset : offset + limit]]
-        headers = {"Fiware-Total-Count": str(len(chosen))} if "count" in options else {}
+        mine = self.front.listed(tenant, scope)
+        if request.headers.get(LOCAL_ONLY):
+            chosen = mine[offset : offset + limit]
+            headers = {
+                "Fiware-Total-Count": str(len(mine)),
+                CREATED: json.dumps([[s.created, s.id] for s in chosen]),
+            }
+            return web.json_response([s.to_json(now) for s in chosen], headers=headers)
+        rows: list[tuple[float, str, dict[str, Any]]] = [
+            (s.created, s.id, s.to_json(now)) for s in mine[: offset + limit]
+        ]
+        total = len(mine)
+        peers = self.front.peers()
+        answers = await asyncio.gather(
+            *(self._listed_at(address, request, offset + limit) for address in peers.values())
+        )
+        for count, listed in answers:
+            total += count
+            rows.extend(listed)
+        rows.sort(key=lambda row: (row[0], row[1]))
+        page = [row[2] for row in rows[offset : offset + limit]]
+        headers = {"Fiware-Total-Count": str(total)} if "count" in options else {}
         return web.json_response(page, headers=headers)
 
-    async def get_subscription(self, request: web.Request) -> web.Response:
-        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
-        return web.json_response(subscription.to_json(_now()))
+    async def _listed_at(
+        self, address: str, request: web.Request, first: int
+    ) -> tuple[int, list[tuple[float, str, dict[str, Any]]]]:
+        """Another front's first ``first`` subscriptions of the request's tenant and scope
+        (nothing if it does not answer: it is going away, and its subscriptions will be
+        adopted)."""
+        headers = _passed_on(request)
+        headers[LOCAL_ONLY] = "1"
+        url = f"http://{address}/v2/subscriptions?limit={min(first, MAX_LIMIT)}"
+        rows: list[tuple[float, str, dict[str, Any]]] = []
+        count = 0
+        try:
+            offset = 0
+            while offset < first:  # a page holds at most MAX_LIMIT
+                async with self._client().get(f"{url}&offset={offset}", headers=headers) as got:
+                    if got.status != 200:
+                        raise Unavailable(f"the front at {address} answered {got.status}")
+                    body = await got.json()
+                    created = json.loads(got.headers.get(CREATED, "[]"))
+                    count = int(got.headers.get("Fiware-Total-Count", "0"))
+                rows.extend((float(c), str(i), b) for (c, i), b in zip(created, body, strict=True))
+                offset += MAX_LIMIT
+                if offset >= count:
+                    break
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            _log.warning("the HTTP front at %s did not list its subscriptions: %r", address, exc)
+            return 0, []
+        return count, rows[:first]
 
-    async def patch_subscription(self, request: web.Request) -> web.Response:
+    async def get_subscription(self, request: web.Request) -> web.StreamResponse:
+        found = await self.front.find(tenant_of(request), request.match_info["sid"])
+        if isinstance(found, str):
+            return await self._forward(request, found)
+        return web.json_response(found.to_json(_now()))
+
+    async def patch_subscription(self, request: web.Request) -> web.StreamResponse:
         options_of(request)
-        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
+        found = await self.front.find(tenant_of(request), request.match_info["sid"])
+        if isinstance(found, str):
+            return await self._forward(request, found)
         patch = await read_json(request)
-        document = merged(subscription.parsed.document, patch)
+        document = merged(found.parsed.document, patch)
         parsed = parse_document(document, self.front.allow)
-        await self.front.update(subscription, parsed, set(patch))
+        await self.front.update(found, parsed, set(patch))
         return web.Response(status=204)
 
-    async def delete_subscription(self, request: web.Request) -> web.Response:
-        subscription = self.front.get(tenant_of(request), request.match_info["sid"])
-        await self.front.delete(subscription)
+    async def delete_subscription(self, request: web.Request) -> web.StreamResponse:
+        found = await self.front.find(tenant_of(request), request.match_info["sid"])
+        if isinstance(found, str):
+            return await self._forward(request, found)
+        await self.front.delete(found)
         return web.Response(status=204)
+
+    async def _forward(self, request: web.Request, address: str) -> web.StreamResponse:
+        """Pass a request on to the front that holds the subscription, and its answer back."""
+        hops = request.headers.get(HOPS, "0")
+        if not hops.isdigit() or int(hops) >= MAX_HOPS:
+            raise Unavailable("the subscription is moving between connection points; try again")
+        headers = _passed_on(request)
+        headers[HOPS] = str(int(hops) + 1)
+        url = f"http://{address}{request.path_qs}"
+        try:
+            async with self._client().request(
+                request.method, url, data=await request.read(), headers=headers
+            ) as answer:
+                body = await answer.read()
+                kept = {k: v for k, v in answer.headers.items() if k in _ANSWER_HEADERS}
+                return web.Response(status=answer.status, body=body, headers=kept)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(
+                f"the connection point holding the subscription ({address}) did not answer: "
+                f"{exc!r}; try again"
+            ) from None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)
+            )
+        return self._session
+
+    async def close(self, _app: web.Application) -> None:
+        """Close the connections to the other fronts."""
+        if self._session is not None:
+            await self._session.close()
+
+
+def _passed_on(request: web.Request) -> dict[str, str]:
+    """The request's headers another front needs to answer it the same."""
+    return {k: v for k, v in request.headers.items() if k.lower() in _PASSED_ON}
 
 
 def _batch_entity(body: Any, key_values: bool) -> tuple[str, str | None, Attributes]:

@@ -369,9 +369,50 @@ class HttpSubscription:
     generation: int = 0  # the version of it the delivery worker has (broker.ngsi.notifier)
     number: int = 0  # what the delivery worker calls it (broker.ngsi.notifier)
     created: float = field(default_factory=time.time)
+    saved: tuple[Any, ...] = ()  # the status as last written to ZooKeeper
 
     def __post_init__(self) -> None:
         self.status = self.parsed.status
+
+    def status_record(self) -> dict[str, Any]:
+        """What is kept of its status in ZooKeeper (so another front can take it over)."""
+        return {
+            "status": self.status,
+            "timesSent": self.times_sent,
+            "lastNotification": self.last_notification,
+            "lastSuccess": self.last_success,
+            "lastSuccessCode": self.last_success_code,
+            "lastFailure": self.last_failure,
+            "lastFailureReason": self.last_failure_reason,
+            "failsCounter": self.fails_counter,
+            "dropped": self.dropped,
+        }
+
+    def restore(self, record: Mapping[str, Any]) -> None:
+        """Take a status kept by :meth:`status_record` (an empty one changes nothing)."""
+        if not record:
+            return
+        self.status = str(record.get("status", self.status))
+        self.times_sent = int(record.get("timesSent", 0))
+        self.last_notification = record.get("lastNotification")
+        self.last_success = record.get("lastSuccess")
+        self.last_success_code = record.get("lastSuccessCode")
+        self.last_failure = record.get("lastFailure")
+        self.last_failure_reason = str(record.get("lastFailureReason", ""))
+        self.fails_counter = int(record.get("failsCounter", 0))
+        self.dropped = int(record.get("dropped", 0))
+        self.saved = self.status_key()
+
+    def status_key(self) -> tuple[Any, ...]:
+        """Changes whenever the kept status would (compared with ``saved``)."""
+        return (
+            self.status,
+            self.times_sent,
+            self.last_success,
+            self.last_failure,
+            self.fails_counter,
+            self.dropped,
+        )
 
     def spec(self) -> pb.SubscriptionSpec:
         """What the matchers get (condition attributes excluded: see the module doc)."""

@@ -41,6 +41,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
+from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
 from broker.coordination.scale import report as scale_report
 from broker.errors import (
@@ -154,6 +155,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._publishers_moved = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
+        self._stopping = False
 
     # -- the role's life ----------------------------------------------------------------
 
@@ -197,6 +199,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             self._front = await _FrontPort(self).start(context)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._front is not None:
             await self._front.stop()
         for session in list(self._sessions.values()):
@@ -631,9 +634,34 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 "%d sessions did not move; they end when this process stops", len(unmoved())
             )
         _log.info("left: %d sessions handed over", len(sessions) - len(unmoved()))
+        if self._front is not None:
+            await self._hand_over_front(self._front, deadline)
         ctx = self._ctx()
         body = {"held_ms": round(held_ms, 3), "sessions": len(sessions)}
         await asyncio.to_thread(scale_report, ctx.zk, "moved", ctx.name, body)
+
+    async def _hand_over_front(self, front: NgsiFront, deadline: float) -> None:
+        """The HTTP front's subscriptions go to the staying fronts, as a client's session
+        would: they place them under new handles; this one sends what was matched under
+        the old handles (everything, once a fence passed) and then stops."""
+        try:
+            handed = await front.hand_over(max(deadline - time.monotonic(), 1.0))
+            await self._fence(await self._access_point())
+            while not self._front_port_idle() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            drained = await front.drain(max(deadline - time.monotonic(), 1.0))
+        except SilboError as exc:
+            _log.error("the HTTP front's subscriptions were not all handed over: %s", exc)
+            return
+        _log.info(
+            "left: %d HTTP subscriptions handed over, their notifications %s",
+            handed,
+            "sent" if drained else "not all sent in time",
+        )
+
+    def _front_port_idle(self) -> bool:
+        """Every notification batch queued for the HTTP front has been taken."""
+        return all(s.events.empty() for s in self._sessions.values() if not s.movable)
 
     def _successor(self, key: int) -> Member:
         return self._leaving[key % len(self._leaving)]
@@ -698,7 +726,13 @@ class _FrontPort:
         options = context.options
         front = NgsiFront(
             self,
-            FrontOptions(options.http_listen, allow=AllowList.parse(options.notify_allow)),
+            FrontOptions(
+                options.http_listen,
+                allow=AllowList.parse(options.notify_allow),
+                advertise=context.member.address.rsplit(":", 1)[0],
+                status_flush=options.status_flush,
+            ),
+            lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))
@@ -709,7 +743,7 @@ class _FrontPort:
         while True:
             event = await self._session.events.get()
             if event is None:
-                if self._session.failure:
+                if self._session.failure and not self._cp._stopping:
                     _log.error("the HTTP front's session ended: %s", self._session.failure)
                 return
             if isinstance(event, wire.SessionEventOut) and event.HasField("notifications"):

@@ -37,7 +37,8 @@ class ProcessOptions:
     reach it (default: ``listen``, with the port the server got when ``listen`` said 0).
     ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
     ``http_listen`` is where a connection point serves NGSI v2 over HTTP ('' for not at all);
-    ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md).
+    ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md);
+    ``status_flush`` is how often (seconds) its HTTP subscriptions' counters are saved.
     ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
     (0: never), on ``spark_master`` ('' for local; docs/spark.md).
     """
@@ -51,6 +52,7 @@ class ProcessOptions:
     zk_timeout: float = 10.0
     http_listen: str = ""
     notify_allow: tuple[str, ...] = ()
+    status_flush: float = 10.0
     spark_offload: int = 0
     spark_master: str = ""
 
@@ -73,6 +75,8 @@ class ProcessOptions:
             problems.append(f"--cluster {self.cluster!r} must be a non-empty name without '/'")
         if self.http_listen and self.role is not Role.CONNECTION_POINT:
             problems.append("--http-listen is for connection points only")
+        if not self.status_flush > 0:
+            problems.append(f"--status-flush must be positive seconds, not {self.status_flush}")
         if self.spark_offload < 0:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:

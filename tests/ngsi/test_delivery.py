@@ -66,7 +66,7 @@ def test_the_worker_bounds_what_waits_in_all_and_counts_what_it_drops() -> None:
             a = _subscription("a" * 24, f"http://127.0.0.1:{port}/a")
             b = _subscription("b" * 24, f"http://127.0.0.1:{port}/b")
             for subscription in (a, b):
-                notifier.configure(subscription, delivery_config(subscription.parsed), reset=False)
+                notifier.configure(subscription, delivery_config(subscription.parsed), fails=None)
             change = Change(Alteration.CHANGE, frozenset({"x"}), correlator="c")
             entities = [
                 with_change(

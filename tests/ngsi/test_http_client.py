@@ -296,7 +296,7 @@ def test_the_worker_records_refusals_and_timeouts_as_failures() -> None:
                 late = _subscription("s" * 24, f"http://127.0.0.1:{receiver.port}/n", 100)
                 for subscription in (refused, late):
                     config = delivery_config(subscription.parsed)
-                    notifier.configure(subscription, config, reset=False)
+                    notifier.configure(subscription, config, fails=None)
                 change = Change(Alteration.CHANGE, frozenset({"x"}))
                 entity = to_wire("E", "T", "", "/", {})
                 entities = [with_change(entity, change).SerializeToString()]

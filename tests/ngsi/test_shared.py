@@ -1,0 +1,305 @@
+"""HTTP subscriptions shared by every front and kept in ZooKeeper: any connection point lists,
+reads, changes and deletes any of them; a connection point that is killed, stopped or scaled
+in leaves its subscriptions to the others, status and all; a new one takes over when none is
+left. Real processes, a real ZooKeeper, a real receiver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.client import connect
+from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.coordination.http_subscriptions import FRONTS, OWNERS, SUBSCRIPTIONS
+from broker.coordination.scaling import scale_layer
+from broker.runtime.options import Role
+from ngsi.conftest import Front, Receiver, tenant
+from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
+
+ADOPTED = 40.0  # seconds for a dead front's session to end and its subscriptions be adopted
+
+
+def _cluster(
+    zookeeper: EmbeddedZooKeeper, root: Path, connection_points: int = 2
+) -> tuple[LocalCluster, list[Front]]:
+    name = f"shared-{uuid.uuid4().hex[:10]}"
+    spec = ClusterSpec(
+        zk=zookeeper.address,
+        cluster=name,
+        grpc_port=0,
+        http_port=0,  # any free port: the fronts' addresses are read from ZooKeeper
+        connection_points=connection_points,
+        status_flush=0.2,
+        state_dir=root / name,
+    )
+    cluster = LocalCluster(spec)
+    cluster.start()
+    fronts = [_front_of(cluster, m.name) for m in cluster.members_of(Role.CONNECTION_POINT)]
+    return cluster, fronts
+
+
+def _front_of(cluster: LocalCluster, member: str) -> Front:
+    """The front of a connection point, once it serves (its /ngsi/fronts entry)."""
+    zk = _zk(cluster)
+    try:
+        deadline = time.monotonic() + 30
+        while not zk.exists(f"{FRONTS}/{member}"):
+            assert time.monotonic() < deadline, f"{member} serves no HTTP front"
+            time.sleep(0.05)
+        data, _stat = zk.get(f"{FRONTS}/{member}")
+    finally:
+        zk.stop()
+        zk.close()
+    front = Front(json.loads(data)["http"], cluster)
+    front.wait_serving()
+    return front
+
+
+@pytest.fixture(scope="module")
+def pair(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Front, Front]]:
+    """One cluster with two fronts for the module's non-destructive tests."""
+    cluster, (one, two) = _cluster(zookeeper, tmp_path_factory.mktemp("pair"))
+    try:
+        yield one, two
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def fresh(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path
+) -> Iterator[tuple[LocalCluster, list[Front]]]:
+    """A cluster with two fronts of its own, for a test that kills or stops them."""
+    cluster, fronts = _cluster(zookeeper, tmp_path)
+    try:
+        yield cluster, fronts
+    finally:
+        cluster.stop()
+
+
+def _headers() -> dict[str, str]:
+    return {"Fiware-Service": tenant(), "Fiware-ServicePath": "/"}
+
+
+def _ids(answer_body: Any) -> list[str]:
+    return [s["id"] for s in answer_body]
+
+
+def _listed(front: Front, headers: dict[str, str], query: str = "") -> Any:
+    answer = front.call("GET", f"/v2/subscriptions{query}", headers=headers)
+    assert answer.status == 200, answer
+    return answer
+
+
+def _zk(cluster: LocalCluster) -> KazooClient:
+    return connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+
+
+def test_every_front_lists_every_subscription_oldest_first_with_paging(
+    pair: tuple[Front, Front], receiver: Receiver
+) -> None:
+    one, two = pair
+    headers = _headers()
+    made = []
+    for i in range(6):  # alternately at either front
+        front = one if i % 2 == 0 else two
+        made.append(subscribe(front, headers, http_subscription(receiver.url(f"/{i}"))))
+        time.sleep(0.01)
+    for front in (one, two):
+        answer = _listed(front, headers, "?options=count&limit=1000")
+        assert _ids(answer.body) == made
+        assert answer.header("Fiware-Total-Count") == "6"
+        assert _ids(_listed(front, headers, "?limit=2&offset=3").body) == made[3:5]
+        assert _ids(_listed(front, headers, "?offset=5").body) == made[5:]
+        assert _listed(front, headers, "?offset=6").body == []
+    # another tenant sees none of them, at either front
+    other = _headers()
+    for front in (one, two):
+        assert _listed(front, other, "?options=count").header("Fiware-Total-Count") == "0"
+
+
+def test_a_subscription_is_read_changed_and_deleted_through_any_front(
+    pair: tuple[Front, Front], receiver: Receiver
+) -> None:
+    one, two = pair
+    headers = _headers()
+    made = subscribe(one, headers, http_subscription(receiver.url(), description="at one"))
+    assert get(two, headers, made) == get(one, headers, made)
+    # another tenant cannot see it through the other front either
+    assert two.call("GET", f"/v2/subscriptions/{made}", headers=_headers()).status == 404
+    patched = two.call(
+        "PATCH", f"/v2/subscriptions/{made}", {"description": "through two"}, headers=headers
+    )
+    assert patched.status == 204, patched
+    assert get(one, headers, made)["description"] == "through two"
+    bad = two.call("PATCH", f"/v2/subscriptions/{made}", {"status": "sleepy"}, headers=headers)
+    assert bad.status == 400 and bad.body["error"] == "BadRequest", bad
+    # delivery stays with the front that holds it, whichever front the update came through
+    publish(two, headers, {"id": "Room1", "type": "Room", "t": {"value": 1, "type": "Number"}})
+    [got] = receiver.wait_for(1)
+    assert got.body["subscriptionId"] == made
+    wait_until(lambda: get(two, headers, made)["notification"].get("timesSent") == 1, "counted")
+    deleted = two.call("DELETE", f"/v2/subscriptions/{made}", headers=headers)
+    assert deleted.status == 204, deleted
+    for front in (one, two):
+        gone = front.call("GET", f"/v2/subscriptions/{made}", headers=headers)
+        assert gone.status == 404 and gone.body["error"] == "NotFound", gone
+    missing = two.call("DELETE", f"/v2/subscriptions/{made}", headers=headers)
+    assert missing.status == 404, missing
+    for unknown in ("0" * 24, "..", "zookeeper", "a%00b", "A" * 24, "x" * 300):
+        for method in ("GET", "DELETE"):
+            answer = two.call(method, f"/v2/subscriptions/{unknown}", headers=headers)
+            assert answer.status == 404 and answer.body["error"] == "NotFound", (unknown, answer)
+    # a client cannot make a front pass a request on forever
+    other = subscribe(one, headers, http_subscription(receiver.url()))
+    looped = two.call("GET", f"/v2/subscriptions/{other}", headers={**headers, "Silbo-Hops": "2"})
+    assert looped.status == 503 and looped.body["error"] == "ServiceUnavailable", looped
+
+
+def _member(cluster: LocalCluster, front: Front) -> Any:
+    """The connection point serving ``front`` (its /ngsi/fronts entry names its address)."""
+    zk = _zk(cluster)
+    try:
+        for member in cluster.members_of(Role.CONNECTION_POINT):
+            data, _stat = zk.get(f"{FRONTS}/{member.name}")
+            if json.loads(data)["http"] == f"{front.host}:{front.port}":
+                return member
+    finally:
+        zk.stop()
+        zk.close()
+    raise AssertionError(f"no connection point serves {front.port}")
+
+
+def test_a_killed_front_leaves_its_subscriptions_with_their_status_to_the_other(
+    fresh: tuple[LocalCluster, list[Front]], receiver: Receiver
+) -> None:
+    cluster, (one, two) = fresh
+    headers = _headers()
+    made = subscribe(one, headers, http_subscription(receiver.url(), throttling=0))
+    oneshot = subscribe(one, headers, http_subscription(receiver.url("/once"), status="oneshot"))
+    publish(one, headers, {"id": "R", "type": "Room", "t": {"value": 1, "type": "Number"}})
+    receiver.wait_for(2)
+    wait_until(lambda: get(one, headers, oneshot)["status"] == "inactive", "oneshot spent")
+    time.sleep(1.5)  # the status is saved within the flush interval (0.2 s) and its tick (1 s)
+    os.kill(_member(cluster, one).pid, signal.SIGKILL)
+
+    def adopted() -> bool:
+        return two.call("GET", f"/v2/subscriptions/{made}", headers=headers).status == 200
+
+    wait_until(adopted, "adopted by the other front", ADOPTED)
+    shown = get(two, headers, made)
+    assert shown["notification"]["timesSent"] == 1
+    assert "lastSuccess" in shown["notification"]
+    assert get(two, headers, oneshot)["status"] == "inactive"  # it must not fire again
+    publish(two, headers, {"id": "R", "type": "Room", "t": {"value": 2, "type": "Number"}})
+    got = receiver.wait_for(3)
+    assert [n.path for n in got].count("/once") == 1
+    assert got[-1].body["data"][0]["t"]["value"] == 2
+    wait_until(lambda: get(two, headers, made)["notification"]["timesSent"] == 2, "counted on")
+
+
+def test_a_new_front_takes_over_when_every_front_died(
+    fresh: tuple[LocalCluster, list[Front]], receiver: Receiver
+) -> None:
+    cluster, (one, two) = fresh
+    headers = _headers()
+    made = [subscribe(f, headers, http_subscription(receiver.url())) for f in (one, two)]
+    for pid in [_member(cluster, front).pid for front in (one, two)]:
+        os.kill(pid, signal.SIGKILL)
+    zk = _zk(cluster)
+    try:
+        assert sorted(zk.get_children(SUBSCRIPTIONS)) == sorted(made)  # kept while none serve
+        [third] = cluster.add(Role.CONNECTION_POINT, 1)
+        front = _front_of(cluster, third.name)
+
+        def owned() -> bool:
+            owners = {i: zk.get(f"{OWNERS}/{i}")[0] for i in zk.get_children(OWNERS)}
+            return all(third.name.encode() in owners.get(i, b"") for i in made)
+
+        wait_until(owned, "every subscription claimed by the new front", ADOPTED)
+    finally:
+        zk.stop()
+        zk.close()
+    wait_until(lambda: _ids(_listed(front, headers).body) == made, "listed by the new front")
+    publish(front, headers, {"id": "R", "type": "Room", "t": {"value": 7, "type": "Number"}})
+    got = receiver.wait_for(2)
+    assert sorted(n.body["subscriptionId"] for n in got) == sorted(made)
+
+
+def test_a_stopped_front_gives_its_subscriptions_up_at_once(
+    fresh: tuple[LocalCluster, list[Front]], receiver: Receiver
+) -> None:
+    cluster, (one, two) = fresh
+    headers = _headers()
+    made = subscribe(two, headers, http_subscription(receiver.url()))
+    started = time.monotonic()
+    cluster.retire([_member(cluster, two).name])  # SIGTERM
+    wait_until(
+        lambda: one.call("GET", f"/v2/subscriptions/{made}", headers=headers).status == 200,
+        "adopted",
+        10.0,
+    )
+    assert time.monotonic() - started < 8.0  # not after the ZooKeeper session timeout
+    publish(one, headers, {"id": "R", "type": "Room", "t": {"value": 3, "type": "Number"}})
+    [got] = receiver.wait_for(1)
+    assert got.body["subscriptionId"] == made
+
+
+def test_scaling_connection_points_in_hands_subscriptions_over_without_gaps_or_duplicates(
+    fresh: tuple[LocalCluster, list[Front]], receiver: Receiver
+) -> None:
+    cluster, (one, two) = fresh
+    headers = _headers()
+    made = [subscribe(two, headers, http_subscription(receiver.url(f"/{i}"))) for i in range(5)]
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def steady() -> None:
+        value = 0
+        while not stop.is_set():
+            value += 1
+            entity = {"id": "R", "type": "Room", "n": {"value": value, "type": "Number"}}
+            publish(one, headers, entity)
+            sent.append(value)
+            time.sleep(0.01)
+
+    staying, leaving = _member(cluster, one), _member(cluster, two)
+    publisher = threading.Thread(target=steady, daemon=True)
+    publisher.start()
+    try:
+        time.sleep(1.0)
+        zk = _zk(cluster)
+        try:
+            outcome = scale_layer(zk, "connection-points", [staying.name], timeout=60)
+        finally:
+            zk.stop()
+            zk.close()
+        assert outcome.outcome == "completed", outcome
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        publisher.join(10)
+    cluster.retire([leaving.name])
+    got = receiver.wait_for(len(made) * len(sent), timeout=30)
+    time.sleep(0.5)  # a duplicate would come now
+    got = receiver.received()
+    for i, subscription_id in enumerate(made):
+        values = sorted(n.body["data"][0]["n"]["value"] for n in got if n.path == f"/{i}")
+        assert values == sent, f"subscription {subscription_id}: gaps or duplicates"
+        assert {n.body["subscriptionId"] for n in got if n.path == f"/{i}"} == {subscription_id}
+    for subscription_id in made:
+        assert get(one, headers, subscription_id)["notification"]["timesSent"] >= 1
