@@ -80,6 +80,17 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+def _definition(stored: Stored) -> bytes:
+    return _json(
+        {
+            "tenant": stored.tenant,
+            "scope": stored.scope,
+            "document": stored.document,
+            "created": stored.created,
+        }
+    )
+
+
 def _decode(path: str, data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
@@ -181,14 +192,7 @@ class Registry:
 
     async def create(self, stored: Stored) -> None:
         """Keep a new subscription, owned by this front (one transaction)."""
-        definition = _json(
-            {
-                "tenant": stored.tenant,
-                "scope": stored.scope,
-                "document": stored.document,
-                "created": stored.created,
-            }
-        )
+        definition = _definition(stored)
         with translated("keep the subscription"):
             transaction = self._client.transaction()
             transaction.create(f"{SUBSCRIPTIONS}/{stored.id}", definition)
@@ -203,14 +207,7 @@ class Registry:
 
     async def replace(self, stored: Stored) -> None:
         """Keep a PATCHed definition."""
-        definition = _json(
-            {
-                "tenant": stored.tenant,
-                "scope": stored.scope,
-                "document": stored.document,
-                "created": stored.created,
-            }
-        )
+        definition = _definition(stored)
         with translated("keep the changed subscription"):
             await self._call(self._client.set_async(f"{SUBSCRIPTIONS}/{stored.id}", definition))
 
