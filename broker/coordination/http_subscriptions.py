@@ -126,6 +126,7 @@ class Registry:
         self._watch: ChildrenWatch | None = None
         self._lost = False
         self._joined = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- joining and leaving ----------------------------------------------------------------
 
@@ -159,7 +160,13 @@ class Registry:
             self._lost = True
         elif state == KazooState.CONNECTED and self._lost:
             self._lost = False
-            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._renew()))
+            with contextlib.suppress(RuntimeError):  # a closed loop: the process is ending
+                self._loop.call_soon_threadsafe(self._start_renewal)
+
+    def _start_renewal(self) -> None:
+        task = self._loop.create_task(self._renew())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _renew(self) -> None:
         if not self._joined:
@@ -181,7 +188,10 @@ class Registry:
                 continue
             except Exception as exc:  # a connection drop: the next change reads them again
                 _log.warning("could not read the HTTP front %s: %r", name, exc)
-        self._loop.call_soon_threadsafe(self._fronts_seen, fronts)
+        try:
+            self._loop.call_soon_threadsafe(self._fronts_seen, fronts)
+        except RuntimeError:  # the loop closed: the process is ending
+            return False
         return self._joined or self._watch is None
 
     def _fronts_seen(self, fronts: dict[str, str]) -> None:

@@ -358,6 +358,8 @@ class NgsiFront:
                 await self.save_statuses(whole=whole)
             except SilboError as exc:
                 _log.warning("HTTP subscriptions not kept up this time: %s", exc)
+            except Exception:  # a bug must not end the adoption of orphans for good
+                _log.exception("HTTP subscriptions not kept up this time")
 
     async def save_statuses(self, *, whole: bool) -> None:
         """Write to ZooKeeper the statuses that changed: every one (``whole``), or only
