@@ -381,10 +381,14 @@ class NgsiFront:
         """After a lost ZooKeeper session: claim again what this front holds; what another
         front adopted meanwhile is its own now (the matchers send it there)."""
         registry = self._registry()
-        for subscription in list(self.subscriptions.values()):
-            if not await registry.claim(subscription.id):
-                _log.warning("subscription %s was adopted by another front", subscription.id)
-                self._drop(subscription)
+        held = list(self.subscriptions.values())
+        for start in range(0, len(held), ADOPT_BATCH):
+            chunk = held[start : start + ADOPT_BATCH]
+            claimed = await asyncio.gather(*(registry.claim(s.id) for s in chunk))
+            for subscription, still_ours in zip(chunk, claimed, strict=True):
+                if not still_ours:
+                    _log.warning("subscription %s was adopted by another front", subscription.id)
+                    self._drop(subscription)
 
     async def _adopt_orphans(self) -> None:
         if self._leaving:
