@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from broker.errors import InvalidSubscription, NotFound
 from broker.matching.bitset import decode_many
-from broker.matching.clause_group import Clause, ClauseGroup, CompiledGroup, Matches
+from broker.matching.clause_group import RUN_LIMIT, Clause, ClauseGroup, CompiledGroup, Matches
 from broker.model.identifiers import scopes_covering
 from broker.model.subscription import Status, Subscription
 from broker.model.update import ContextUpdate
@@ -40,6 +40,7 @@ __all__ = ["Engine"]
 _Key = tuple[str | None, str | None]
 _PATH_CACHE_LIMIT = 4096
 _NO_SLOTS: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
+REBUILD_BUDGET = RUN_LIMIT // 4  # clauses remove_many rebuilds at most (after its first run)
 
 
 class _TenantIndex:
@@ -124,6 +125,18 @@ class Engine:
     def subscriptions(self) -> list[Subscription]:
         """Every subscription held."""
         return list(self._subscriptions.values())
+
+    def held_slots(self) -> npt.NDArray[np.int64]:
+        """The slots of every held, active subscription, ascending (:meth:`ids` names them)."""
+        taken: npt.NDArray[np.bool_] = np.array(self._ids, dtype=object) != ""
+        return np.flatnonzero(taken).astype(np.int64)
+
+    def inactive(self) -> list[Subscription]:
+        """The held subscriptions that have no slot (inactive ones)."""
+        if len(self._slot_of) == len(self._subscriptions):
+            return []
+        slot_of = self._slot_of
+        return [s for s in self._subscriptions.values() if s.id not in slot_of]
 
     def add(self, subscription: Subscription) -> None:
         """Add a subscription, replacing any with the same id."""
@@ -224,9 +237,18 @@ class Engine:
                 del self._tenants[subscription.tenant]
         return subscription
 
-    def remove_many(self, subscription_ids: Iterable[str]) -> list[Subscription]:
+    def remove_many(
+        self, subscription_ids: Iterable[str], rebuild_budget: int = REBUILD_BUDGET
+    ) -> list[Subscription]:
         """Remove and return the subscriptions with these ids (each once), with each group
-        changed once; NotFound, with nothing removed, if one of them is not held."""
+        changed once; NotFound, with nothing removed, if one of them is not held.
+
+        The runs this leaves more than half dead are rebuilt up to ``rebuild_budget``
+        clauses (beyond the first run; none with 0); the rest by later calls or
+        ``compaction``. Removing a slice at a time from many groups, whose runs all fill
+        with dead clauses at the same pace, would otherwise rebuild them all in one slice.
+        Dead clauses cost matching what they cost alive: rebuilding can wait.
+        """
         self._version += 1
         wanted = list(dict.fromkeys(subscription_ids))
         held = self._subscriptions
@@ -257,12 +279,15 @@ class Engine:
                 if group_ids is None:
                     group_ids = by_group[where] = []
                 group_ids.append(subscription_id)
+        budget = rebuild_budget
         for (tenant_name, scope, key), group_ids in by_group.items():
             tenant = self._tenants.get(tenant_name)
             table = tenant.scopes.get(scope) if tenant is not None else None
             group = table.get(key) if table is not None else None
             if tenant is not None and group is not None:
                 group.remove_many(group_ids)
+                if budget > 0:
+                    budget -= group.rebuild_dead(budget)
                 tenant.drop_if_empty(scope, key)
         for tenant_name in {name for name, _, _ in by_group}:
             tenant = self._tenants.get(tenant_name)
@@ -271,8 +296,9 @@ class Engine:
         return removed
 
     def compaction(self) -> Iterator[int]:
-        """``compact``, one group at a time: each step builds the indexes of one group whose
-        clauses are not all in one clean run, and yields how many clauses it compiled.
+        """``compact``, a step at a time: each step builds one run of a group (at most
+        ``RUN_LIMIT`` clauses, see :class:`ClauseGroup`) and yields how many clauses it
+        compiled; the largest groups first (updates reach them most often).
 
         Matching, adding and removing may go on between steps; the groups to build are
         those of the first step's time (groups added later wait for their first match).
@@ -282,11 +308,11 @@ class Engine:
             for tenant in self._tenants.values()
             for table in tenant.scopes.values()
             for group in table.values()
+            if group.dirty()
         ]
+        groups.sort(key=len, reverse=True)
         for group in groups:
-            if group.dirty():
-                group.compile()
-                yield len(group)
+            yield from group.compaction()
 
     def compact(self) -> None:
         """Build every index now (otherwise groups build lazily when they first match)."""

@@ -31,9 +31,10 @@ from broker.coordination.scale import ScalePlan
 from broker.coordination.scale import report as scale_report
 from broker.errors import AlreadyExists, NotFound, SilboError, mapping_for
 from broker.matching import Engine
+from broker.matching.engine import REBUILD_BUDGET
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
-from broker.partition.parts import pack_part_pieces, unpack_part, unpack_part_pieces
+from broker.partition.parts import TrustedPart, pack_part_pieces
 from broker.partition.selector import id_hashes
 from broker.roles.matcher_dump import owned_parts
 from broker.runtime.handles import connection_point_of
@@ -54,8 +55,11 @@ _log = logging.getLogger(__name__)
 _COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
 COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
-LOAD_SLICE = 2000  # received subscriptions added per hold of the lock
+SETTLE_AFTER = 3.0  # seconds after removing what moved away before compacting what stays
+READY_COMPILE = 0.5  # seconds a new matcher compiles what it received before it is ready
+LOAD_PIECE = 2000  # received subscriptions decoded and added per hold of the lock
 DRAIN_SLICE = 1000  # subscriptions that moved away removed per turn of the event loop
+TRANSFER_CHUNK = 50_000  # subscriptions per Transfer call (about 6.5 MB of W-IoT)
 _SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a matcher's parts
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
@@ -72,6 +76,7 @@ class _Scaling:
     sent: bool = False  # its own parts are with their owners
     ready: bool = False
     moved_out: list[str] = field(default_factory=list)
+    received_from: dict[str, int] = field(default_factory=dict)  # old matcher -> taken in
     received: int = 0
     received_bytes: int = 0
 
@@ -89,6 +94,7 @@ class Matcher(wire_grpc.MatcherServicer):
         self._context: ProcessContext | None = None
         self._engine = Engine()
         self._handles: npt.NDArray[np.uint64] = np.zeros(1024, dtype=np.uint64)
+        self._id_hashes: npt.NDArray[np.uint64] = np.zeros(1024, dtype=np.uint64)  # by slot
         self._handle_of: dict[str, int] = {}
         # During a scale, by slot: does the subscription count for the old / the new epoch?
         self._in_old: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
@@ -226,17 +232,17 @@ class Matcher(wire_grpc.MatcherServicer):
         self._schedule_compaction()
         return wire.RequestAck(request=subscriptions.request, ids=ids)
 
-    def _schedule_compaction(self) -> None:
+    def _schedule_compaction(self, delay: float = COMPACT_AFTER) -> None:
         """Build the indexes of new subscriptions soon, rather than in the first match.
 
         Otherwise the first updates after a burst of subscriptions pay for building every
-        index they touch, a latency spike. One compaction per burst: COMPACT_AFTER seconds
+        index they touch, a latency spike. One compaction per burst: ``delay`` seconds
         after its last subscription (rebuilding the index while a long registration goes on
         would cost more each time).
         """
         if self._compaction is not None:
             self._compaction.cancel()
-        self._compaction = self._ctx().loop.call_later(COMPACT_AFTER, self._compact)
+        self._compaction = self._ctx().loop.call_later(delay, self._compact)
 
     def _compact(self) -> None:
         self._compaction = None
@@ -245,8 +251,8 @@ class Matcher(wire_grpc.MatcherServicer):
         self._compacting = self._spawn(self._compact_groups())
 
     async def _compact_groups(self) -> None:
-        """Build the indexes one group at a time, matching in between (a large index takes
-        seconds to build whole); groups already built are skipped."""
+        """Build the indexes one run at a time, matching in between (a large group takes
+        seconds to build whole); what is built already is skipped."""
         spent = 0.0
         steps = self._engine.compaction()
         while True:
@@ -286,23 +292,27 @@ class Matcher(wire_grpc.MatcherServicer):
         error = pb.Error(code=mapping_for(exc).grpc_status, message=str(exc))
         return wire.RequestAck(request=request, error=error)
 
-    def _remember(
-        self, subscription_id: str, handle: int, *, old: bool = True, new: bool = True
-    ) -> None:
-        """Keep a subscription's handle by slot, and whether it counts in the old and the new
-        epoch of a running scale (both, outside a scale)."""
+    def _remember(self, subscription_id: str, handle: int) -> None:
+        """Keep a subscribed subscription's handle by slot, counted for every epoch."""
         self._handle_of[subscription_id] = handle
         slot = self._engine.slot_of(subscription_id)
         if slot is None:
             return
-        if slot >= len(self._handles):
-            size = max(slot + 1, 2 * len(self._handles))
+        self._reserve(slot + 1)
+        self._handles[slot] = handle
+        self._id_hashes[slot] = id_hashes([subscription_id])[0]
+        self._in_old[slot] = True
+        self._in_new[slot] = True
+
+    def _reserve(self, size: int) -> None:
+        """Make the by-slot arrays hold at least ``size`` slots (new ones count for both
+        epochs)."""
+        if size > len(self._handles):
+            size = max(size, 2 * len(self._handles))
             self._handles = _grown(self._handles, size, 0)
+            self._id_hashes = _grown(self._id_hashes, size, 0)
             self._in_old = _grown(self._in_old, size, True)
             self._in_new = _grown(self._in_new, size, True)
-        self._handles[slot] = handle
-        self._in_old[slot] = old
-        self._in_new[slot] = new
 
     # -- matching -----------------------------------------------------------------------
 
@@ -464,7 +474,7 @@ class Matcher(wire_grpc.MatcherServicer):
             pending, self._pending_parts = self._pending_parts, []
             for part in pending:
                 if part.plan == plan.id:
-                    self._load(part)
+                    self._load_pending(part)
             return scaling
         return previous
 
@@ -484,21 +494,27 @@ class Matcher(wire_grpc.MatcherServicer):
         if ctx.name not in plan.old.matchers:
             await self._check_ready(scaling)
             return
-        held = self._engine.subscriptions()
-        hashes = id_hashes([s.id for s in held])
+        # By slot, with the id hashes kept since each subscription came: a million ids
+        # hashed and looked up one by one here would stop matching for a second.
+        engine = self._engine
+        slots = engine.held_slots()
+        inactive = engine.inactive()
+        hashes = np.concatenate([self._id_hashes[slots], id_hashes([s.id for s in inactive])])
         old, new = plan.old.selector, plan.new.selector
         here = new.owners.index(ctx.name) if ctx.name in new.owners else -1
         after = new.owner_indices(hashes)
         where = np.flatnonzero(
             (old.owner_indices(hashes) == old.owners.index(ctx.name)) & (after != here)
         )
-        leaving = [held[i] for i in where.tolist()]
+        active = int(np.searchsorted(where, len(slots)))  # where[:active]: active ones
+        leaving_slots = slots[where[:active]]
+        self._in_new[leaving_slots] = False
+        moved = [
+            *engine.ids(leaving_slots),
+            *(inactive[i - len(slots)].id for i in where[active:].tolist()),
+        ]
+        leaving = [engine.get(subscription_id) for subscription_id in moved]
         owners = [new.owners[i] for i in after[where].tolist()]
-        moved = [s.id for s in leaving]
-        for subscription_id in moved:
-            slot = self._engine.slot_of(subscription_id)
-            if slot is not None:
-                self._in_new[slot] = False
         scaling.moved_out = list(moved)
         _log.info("scale %s: %d subscriptions move away", plan.id, len(moved))
         ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
@@ -510,7 +526,8 @@ class Matcher(wire_grpc.MatcherServicer):
         self, scaling: _Scaling, leaving: list[Subscription], owners: list[str]
     ) -> None:
         """Pack what leaves (``owners``: the new owner of each) a piece at a time, matching in
-        between, and send each new owner its part (an empty one if nothing goes to it).
+        between, and send each new owner its part (an empty one if nothing goes to it), all
+        owners at once.
 
         On the event loop rather than a thread: a packing thread holds the interpreter lock
         for most of every switch interval, and matching would wait for it at every turn.
@@ -523,21 +540,8 @@ class Matcher(wire_grpc.MatcherServicer):
         for subscription, owner in zip(leaving, owners, strict=True):
             groups[owner].append(subscription)
         try:
-            parts = {}
-            for owner, group in groups.items():
-                pieces = []
-                for piece in pack_part_pieces(owner, group):
-                    pieces.append(piece)
-                    await asyncio.sleep(0)
-                parts[owner] = b"".join(pieces)
             await asyncio.gather(
-                *(
-                    self._transfer(
-                        owner,
-                        wire.Part(sender=ctx.name, epoch=plan.new.epoch, data=data, plan=plan.id),
-                    )
-                    for owner, data in parts.items()
-                )
+                *(self._send_part(plan, owner, group) for owner, group in groups.items())
             )
         except Exception:
             _log.exception("sending the parts of scale %s failed", scaling.plan.id)
@@ -546,22 +550,44 @@ class Matcher(wire_grpc.MatcherServicer):
             scaling.sent = True
             await self._check_ready(scaling)
 
-    async def _transfer(self, owner: str, part: wire.Part) -> None:
+    async def _send_part(self, plan: ScalePlan, owner: str, group: list[Subscription]) -> None:
+        """Send ``owner`` its part in chunks of TRANSFER_CHUNK subscriptions, each sent as
+        soon as it is packed: the receiver decodes and adds one while this packs the next
+        (one chunk, empty, when nothing goes to it). Returns once it took them all in."""
         matchers = self._matchers
         assert matchers is not None
         if not await matchers.wait_until(lambda: owner in matchers.by_name, 30.0):
             raise RuntimeError(f"matcher {owner} is not registered")
-        member = matchers.by_name[owner]
-        _log.info("sending a part of %d bytes to %s", len(part.data), owner)
-        async with grpc.aio.insecure_channel(member.address, options=CHANNEL_OPTIONS) as channel:
+        address = matchers.by_name[owner].address
+        name = self._ctx().name
+        calls: list[asyncio.Future[wire.Empty]] = []
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.MatcherStub(channel)  # type: ignore[no-untyped-call]
-            await stub.Transfer(part, wait_for_ready=True, timeout=60.0)
+            try:
+                for start in range(0, max(len(group), 1), TRANSFER_CHUNK):
+                    pieces = []
+                    chunk = group[start : start + TRANSFER_CHUNK]
+                    for piece in pack_part_pieces(owner, chunk, total=len(group)):
+                        pieces.append(piece)
+                        await asyncio.sleep(0)
+                    data = b"".join(pieces)
+                    _log.info("sending a chunk of %d bytes to %s", len(data), owner)
+                    part = wire.Part(sender=name, epoch=plan.new.epoch, data=data, plan=plan.id)
+                    calls.append(
+                        asyncio.ensure_future(
+                            stub.Transfer(part, wait_for_ready=True, timeout=60.0)
+                        )
+                    )
+                await asyncio.gather(*calls)
+            finally:
+                for call in calls:
+                    call.cancel()
         _log.info("sent the part to %s", owner)
 
     async def Transfer(
         self, part: wire.Part, context: grpc.aio.ServicerContext[wire.Part, wire.Empty]
     ) -> wire.Empty:
-        _log.info("a part of plan %s arrives from %s", part.plan, part.sender)
+        _log.info("a chunk of plan %s arrives from %s", part.plan, part.sender)
         async with self._lock:
             plan = self._scale_view.plan if self._scale_view else None
             if plan is not None and plan.id == part.plan:
@@ -570,57 +596,71 @@ class Matcher(wire_grpc.MatcherServicer):
                 self._pending_parts.append(part)  # its plan has not reached us yet
                 _log.info("scale: part from %s waits for its plan", part.sender)
                 return wire.Empty()
-        # Decoded a piece at a time, without the lock, matching in between (see _send_parts).
-        # What is decoded and added lives long: frozen at once (see _compact_groups), else
-        # each full collection meanwhile would scan all that came before it.
-        subscriptions: list[Subscription] = []
-        for piece in unpack_part_pieces(part.data, self._ctx().name):
-            subscriptions += piece
-            gc.freeze()
-            await asyncio.sleep(0)
-        # Added a slice at a time, letting matching in between: what is added counts for the
-        # new epoch only, so old-epoch updates match as before.
-        for start in range(0, len(subscriptions), LOAD_SLICE):
+        # Decoded and added a piece at a time, matching in between (see _send_parts): what is
+        # added counts for the new epoch only, so old-epoch updates match as before. What is
+        # decoded and added lives long: frozen at once (see _compact_groups), else each full
+        # collection meanwhile would scan all that came before it.
+        chunk = TrustedPart(part.data, self._ctx().name)
+        for piece in chunk.pieces(LOAD_PIECE):
             async with self._lock:
                 if self._scaling is None or self._scaling.plan.id != part.plan:
                     return wire.Empty()  # the plan ended: its rollback drops what was added
-                self._add_received(subscriptions[start : start + LOAD_SLICE])
+                self._add_received(piece)
             gc.freeze()
+            await asyncio.sleep(0)
         async with self._lock:
             if self._scaling is None or self._scaling.plan.id != part.plan:
                 return wire.Empty()
-            self._load(part, subscriptions, added=True)
+            self._load(part, chunk)
             await self._check_ready(self._scaling)
         return wire.Empty()
 
     def _add_received(self, subscriptions: Sequence[Subscription]) -> None:
+        """Add subscriptions received in a part, counted for the new epoch only."""
         self._engine.add_many(subscriptions)
-        for subscription in subscriptions:
-            self._remember(subscription.id, int(subscription.subscriber, 16), old=False)
+        handles = [int(s.subscriber, 16) for s in subscriptions]
+        self._handle_of.update(zip([s.id for s in subscriptions], handles, strict=True))
+        slot_of = self._engine.slot_of
+        slots, held, ids = [], [], []
+        for subscription, handle in zip(subscriptions, handles, strict=True):
+            slot = slot_of(subscription.id)
+            if slot is not None:  # else inactive: never matched
+                slots.append(slot)
+                held.append(handle)
+                ids.append(subscription.id)
+        if not slots:
+            return
+        self._reserve(max(slots) + 1)
+        where = np.array(slots, dtype=np.int64)
+        self._handles[where] = np.array(held, dtype=np.uint64)
+        self._id_hashes[where] = id_hashes(ids)
+        self._in_old[where] = False
+        self._in_new[where] = True
 
-    def _load(
-        self,
-        part: wire.Part,
-        subscriptions: Sequence[Subscription] | None = None,
-        *,
-        added: bool = False,
-    ) -> None:
-        """Take a received part in (decoded already, or now; its subscriptions added already,
-        or now), counted for the new epoch only."""
+    def _load_pending(self, part: wire.Part) -> None:
+        """Take in a chunk that came before its plan reached this matcher."""
+        chunk = TrustedPart(part.data, self._ctx().name)
+        for piece in chunk.pieces():
+            self._add_received(piece)
+        self._load(part, chunk)
+
+    def _load(self, part: wire.Part, chunk: TrustedPart) -> None:
+        """Count a received chunk whose subscriptions were added (for the new epoch only);
+        the sender's part is in once its chunks add up to the part's total."""
         scaling = self._scaling
         assert scaling is not None
-        if subscriptions is None:
-            subscriptions = unpack_part(part.data, self._ctx().name).subscriptions
-        if not added:
-            self._add_received(subscriptions)
-        scaling.parts_from.add(part.sender)
+        taken = scaling.received_from.get(part.sender, 0) + chunk.count
+        scaling.received_from[part.sender] = taken
+        if taken >= chunk.total:
+            scaling.parts_from.add(part.sender)
         _log.info(
-            "scale %s: part from %s (%d subscriptions)",
+            "scale %s: %d of %d subscriptions from %s in",
             scaling.plan.id,
+            taken,
+            chunk.total,
             part.sender,
-            len(subscriptions),
         )
-        scaling.received += len(subscriptions)
+        scaling.received += chunk.count
         scaling.received_bytes += len(part.data)
         self._ctx().metrics.subscriptions.set(len(self._engine))
         if scaling.parts_from >= set(scaling.plan.old.matchers) - {self._ctx().name}:
@@ -638,10 +678,22 @@ class Matcher(wire_grpc.MatcherServicer):
             return
         if not await self._await_serving(plan.new.exit_points):
             return  # never ready: the coordinator rolls the scale back
+        if ctx.name not in plan.old.matchers:
+            await self._compile_received()
         scaling.ready = True
         _log.info("scale %s: ready", plan.id)
         body = {"moved": scaling.received, "bytes": scaling.received_bytes}
         await asyncio.to_thread(scale_report, ctx.zk, "ready", ctx.name, body)
+
+    async def _compile_received(self) -> None:
+        """A new matcher, before it reports ready: compile what it received, the largest
+        groups first, for up to READY_COMPILE seconds (the scheduled compaction does the
+        rest). It matches nothing before the switch, and after it every update waits for
+        its result: an index built now is not built in the first matches."""
+        steps = self._engine.compaction()
+        deadline = time.perf_counter() + READY_COMPILE
+        while time.perf_counter() < deadline and next(steps, None) is not None:
+            await asyncio.sleep(0)
 
     async def _finish(self, scaling: _Scaling) -> None:
         """Every access point switched: drop what moved away, count everything again."""
@@ -712,19 +764,25 @@ class Matcher(wire_grpc.MatcherServicer):
 
     async def _drain(self) -> None:
         """Remove the subscriptions that moved away a slice at a time, matching in between
-        (half a million removed at once would stop matching for seconds)."""
+        (half a million removed at once would stop matching for seconds).
+
+        Nothing is rebuilt meanwhile, and the compaction that rebuilds the groups from what
+        stays comes SETTLE_AFTER seconds later: right after a switch the new matchers build
+        their indexes and the backlog is worked off, and dead clauses match no slower than
+        they did alive.
+        """
         while self._draining:
             await asyncio.sleep(0)
             chunk = self._draining[-DRAIN_SLICE:]
             del self._draining[-DRAIN_SLICE:]
-            self._drop_moved(chunk)
+            self._drop_moved(chunk, rebuild_budget=0)
         if self._scaling is None:  # else the plan that started owns the masks
             self._in_old[:] = True
             self._in_new[:] = True
         self._ctx().metrics.subscriptions.set(len(self._engine))
-        self._schedule_compaction()
+        self._schedule_compaction(SETTLE_AFTER)
 
-    def _drop_moved(self, ids: Sequence[str]) -> None:
+    def _drop_moved(self, ids: Sequence[str], rebuild_budget: int = REBUILD_BUDGET) -> None:
         """Remove those of ``ids`` that are still held as moved away (masked out of the new
         epoch: one received again since then counts, and stays)."""
         engine, counts = self._engine, self._in_new
@@ -734,7 +792,7 @@ class Matcher(wire_grpc.MatcherServicer):
                 slot = engine.slot_of(subscription_id)
                 if slot is None or not counts[slot]:
                     gone.append(subscription_id)
-        engine.remove_many(gone)
+        engine.remove_many(gone, rebuild_budget)
         for subscription_id in gone:
             self._handle_of.pop(subscription_id, None)
 

@@ -19,6 +19,7 @@ from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.scaling import scale_matchers
+from broker.roles.matcher import TRANSFER_CHUNK
 from broker.runtime.options import Role
 from integration.conftest import (
     Recorder,
@@ -121,3 +122,45 @@ def test_a_second_scale_while_one_runs_is_rejected(
         assert "another scale is running" in outcome.message
     finally:
         finish(zk)
+
+
+def test_a_large_part_moves_in_chunks(
+    start_cluster: StartCluster, zk_of: list[KazooClient]
+) -> None:
+    """1 -> 2 with more subscriptions than one Transfer chunk carries: the new matcher takes
+    its part in over several chunks, and delivery stays exact throughout."""
+    cluster = start_cluster(matchers=1)
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    zk_of.append(zk)
+    subscriptions = iot_subscriptions(400, seed=5, stations=60)
+    bulk = [  # their own tenant, never published to: they only fill the parts
+        dataclasses.replace(s, id=f"bulk-{s.id}", tenant="bulk")
+        for s in iot_subscriptions(3 * TRANSFER_CHUNK, seed=6, stations=60)
+    ]
+    recorder = Recorder(cluster.endpoints, "raw", raw=True)
+    filler = Recorder(cluster.endpoints, "bulk", raw=True)
+    try:
+        recorder.subscribe(subscriptions)
+        for start in range(0, len(bulk), 10_000):
+            filler.subscribe(bulk[start : start + 10_000])
+        updates = iot_updates(12000, seed=9, stations=60)
+        publisher = SteadyPublisher(cluster.endpoints, "steady", updates)
+        publisher.start()
+        time.sleep(0.5)
+        cluster.add(Role.MATCHER, 1)
+        out = scale_matchers(zk, _matchers(cluster), timeout=60.0)
+        assert out.outcome == "completed", out
+        assert out.moved_subscriptions > 1.2 * TRANSFER_CHUNK  # two chunks at least
+        assert publisher.is_alive(), "the publisher finished before the scale"
+        publisher.stop()
+        published = publisher.finish()
+        recorder.wait_for_markers([published.publisher])
+        assert assert_exact_delivery(recorder, [published]) > 300
+        held = len(subscriptions) + len(bulk) + 2  # and the two recorders' end markers
+        deadline = time.monotonic() + 30.0  # the old matcher drops what moved in the background
+        while subscriptions_held(cluster)["matcher"] != held and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert subscriptions_held(cluster)["matcher"] == held
+    finally:
+        recorder.close()
+        filler.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -221,7 +223,7 @@ def test_remove_many_with_an_unknown_id_removes_nothing() -> None:
 
 def test_remove_many_in_slices_keeps_results_exact_and_groups_small() -> None:
     """Half of a compiled group removed a slice at a time, matching between slices: runs are
-    rebuilt from their live clauses, positions renumbered, results stay the reference's."""
+    rebuilt from their live clauses, results stay the reference's."""
     from broker.matching.clause_group import ClauseGroup
 
     subs = [sub(f"s{i}", f"temp>{i % 97}", entities=ROOM * (1 + i % 2)) for i in range(2000)]
@@ -244,12 +246,45 @@ def test_remove_many_in_slices_keeps_results_exact_and_groups_small() -> None:
         == len(group)
         == 2 * len(engine) - sum(1 for s in engine if len(s.entities) == 1)
     )
-    assert len(group._clauses) <= 2 * len(group) + 8
     engine.remove_many([s.id for s in engine])
     assert len(engine) == 0 and engine._tenants == {}
 
 
-def test_compaction_builds_one_group_per_step_and_skips_built_ones() -> None:
+def test_no_step_builds_more_than_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large group loaded, compacted and half removed a slice at a time: no add or
+    compaction step builds more than one run of RUN_LIMIT clauses, no removal more than
+    REBUILD_BUDGET plus one half-dead run (the bounds on how long a matcher stops
+    matching), and results stay the reference's throughout."""
+    from broker.matching import clause_group
+    from broker.matching import engine as engine_module
+
+    monkeypatch.setattr(clause_group, "RUN_LIMIT", 50)
+    monkeypatch.setattr(engine_module, "REBUILD_BUDGET", 25)
+    subs = [sub(f"s{i}", f"temp>{i % 89}") for i in range(1010)]
+    engine, reference = Engine(), ReferenceMatcher(subs)
+    probes = [room(t) for t in (0, 30, 50.5, 99)]
+    for start in range(0, len(subs), 120):
+        engine.add_many(subs[start : start + 120])
+    (group,) = [g for table in engine._tenants[""].scopes.values() for g in table.values()]
+    assert group.runs() == [50] * 20 and group.pending() == 10
+    assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)
+    assert all(built <= 50 for built in engine.compaction())
+    assert group.runs() == [*[50] * 20, 10]
+    doomed = [s.id for s in subs if hash(s.id) % 2]
+    for start in range(0, len(doomed), 40):
+        before = {id(run) for run in group._runs}
+        engine.remove_many(doomed[start : start + 40])
+        for subscription_id in doomed[start : start + 40]:
+            reference.remove(subscription_id)
+        assert sum(run.live for run in group._runs if id(run) not in before) <= 50
+        assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)
+    assert all(built <= 50 for built in engine.compaction())
+    assert sum(group.runs()) == len(group) == len(reference)
+    assert all(a + b > 50 for a, b in itertools.pairwise(group.runs()))
+    assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)
+
+
+def test_compaction_builds_one_run_per_step_and_skips_built_ones() -> None:
     engine = Engine([sub("a", "temp>1"), sub("b", service_path="/x"), sub("c", tenant="t")])
     assert sorted(engine.compaction()) == [1, 1, 1]
     assert list(engine.compaction()) == []
@@ -290,3 +325,31 @@ def test_bulk_changes_agree_with_reference(
         assert engine.match_batch(updates, NOW) == reference.match_batch(updates, NOW)
     assert len(engine) == len(reference)
     assert engine.match_batch(updates, NOW) == reference.match_batch(updates, NOW)
+
+
+def test_held_slots_and_inactive_list_what_is_held() -> None:
+    engine = Engine([sub("a"), sub("b", status=Status.INACTIVE), sub("c"), sub("d")])
+    engine.remove("c")
+    slots = engine.held_slots()
+    assert slots.tolist() == sorted(slots.tolist())
+    assert sorted(engine.ids(slots)) == ["a", "d"]
+    assert [s.id for s in engine.inactive()] == ["b"]
+    assert Engine([sub("a")]).inactive() == []
+
+
+def test_remove_many_without_a_rebuild_budget_only_kills() -> None:
+    subs = [sub(f"s{i}", f"temp>{i % 89}") for i in range(300)]
+    engine, reference = Engine(subs), ReferenceMatcher(subs)
+    engine.compact()
+    (group,) = [g for table in engine._tenants[""].scopes.values() for g in table.values()]
+    (run,) = group._runs
+    doomed = [s.id for s in subs[:250]]
+    engine.remove_many(doomed, rebuild_budget=0)
+    for subscription_id in doomed:
+        reference.remove(subscription_id)
+    assert group._runs == [run] and group.runs() == [50] and group.dirty()
+    probes = [room(t) for t in (0, 30, 99)]
+    assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)
+    engine.compact()
+    assert group._runs != [run] and group.runs() == [50]
+    assert engine.match_batch(probes, NOW) == reference.match_batch(probes, NOW)

@@ -41,6 +41,8 @@ from strategies import (
 )
 
 from broker.errors import NotFound
+from broker.matching import clause_group
+from broker.matching.clause_group import ClauseGroup
 from broker.matching.engine import Engine
 from broker.matching.reference import ReferenceMatcher
 from broker.model.subscription import Subscription
@@ -191,6 +193,64 @@ class EngineAgainstReference(RuleBasedStateMachine):
 
 TestEngineAgainstReference = EngineAgainstReference.TestCase
 TestEngineAgainstReference.settings = settings(max_examples=examples(300), stateful_step_count=40)
+
+
+class SmallRunsAgainstReference(EngineAgainstReference):
+    """The same with runs of at most 3 clauses, plus bulk adds and removals and compaction
+    stopped part way: the engine splits, merges and rebuilds runs all the time."""
+
+    LIMIT = 3
+
+    def __init__(self) -> None:
+        self._saved_limit = clause_group.RUN_LIMIT
+        clause_group.RUN_LIMIT = self.LIMIT
+        super().__init__()
+
+    def teardown(self) -> None:
+        clause_group.RUN_LIMIT = self._saved_limit
+
+    @rule(batch=st.lists(subscriptions(ids=_POOL), max_size=8))
+    def add_many(self, batch: list[Subscription]) -> None:
+        self.engine.add_many(batch)
+        for subscription in batch:
+            self.reference.add(subscription)
+
+    @rule(ids=st.lists(st.sampled_from(_POOL), max_size=8))
+    def remove_many(self, ids: list[str]) -> None:
+        held = [i for i in dict.fromkeys(ids) if i in self.reference]
+        assert [s.id for s in self.engine.remove_many(held)] == held
+        for subscription_id in held:
+            self.reference.remove(subscription_id)
+
+    @rule(steps=st.integers(1, 3))
+    def compaction_steps(self, steps: int) -> None:
+        for built in (b for _, b in zip(range(steps), self.engine.compaction(), strict=False)):
+            assert built <= self.LIMIT
+
+    @rule()
+    def compact(self) -> None:
+        self.engine.compact()
+        assert not any(group.dirty() for group in self._groups())
+
+    @invariant()
+    def runs_stay_small(self) -> None:
+        for group in self._groups():
+            assert all(live <= self.LIMIT for live in group.runs())
+            assert group.pending() < self.LIMIT
+
+    def _groups(self) -> list[ClauseGroup]:
+        return [
+            group
+            for tenant in self.engine._tenants.values()
+            for table in tenant.scopes.values()
+            for group in table.values()
+        ]
+
+
+TestSmallRunsAgainstReference = SmallRunsAgainstReference.TestCase
+TestSmallRunsAgainstReference.settings = settings(
+    max_examples=examples(200), stateful_step_count=40
+)
 
 
 def test_large_fixed_seed_workload() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 from strategies import NOW, RandomSource, draw_subscription, draw_update
@@ -11,16 +12,24 @@ from strategies import NOW, RandomSource, draw_subscription, draw_update
 from broker.errors import InvalidInput, SerializationError
 from broker.matching.engine import Engine
 from broker.matching.reference import ReferenceMatcher
-from broker.model.subscription import EntitySelector, Subscription
+from broker.model.subscription import (
+    AttrsFormat,
+    EntitySelector,
+    NotificationOptions,
+    Status,
+    Subscription,
+)
 from broker.model.update import ContextUpdate
 from broker.partition.parts import (
     PART_KIND,
     PART_VERSION,
+    TrustedPart,
     load,
     pack_part,
     split,
     split_moved,
     unpack_part,
+    unpack_part_pieces,
 )
 from broker.partition.selector import RendezvousSelector, moved
 from broker.serialization import (
@@ -194,7 +203,7 @@ def test_truncated_part_is_refused_and_loads_nothing() -> None:
 
 def test_count_mismatch_is_refused() -> None:
     objs = [subscription_to_obj(s) for s in SUBSCRIPTIONS[:5]]
-    part = pack_envelope(PART_KIND, PART_VERSION, ["m0", 6, objs])
+    part = pack_envelope(PART_KIND, PART_VERSION, ["m0", 6, 6, objs])
     with pytest.raises(SerializationError, match="declares 6 subscriptions but holds 5"):
         load(part, ReferenceMatcher())
 
@@ -203,12 +212,14 @@ def test_count_mismatch_is_refused() -> None:
     "body",
     [
         None,
-        ["m0", 0],
-        [0, 0, []],
-        ["m0", "0", []],
-        ["m0", True, []],
-        ["m0", 0, {}],
-        ["m0", 1, [["not", "a", "subscription"]]],
+        ["m0", 0, []],  # format version 1's body
+        ["m0", 0, 0],
+        [0, 0, 0, []],
+        ["m0", "0", 0, []],
+        ["m0", True, 1, []],
+        ["m0", 0, -1, []],
+        ["m0", 0, 0, {}],
+        ["m0", 1, 1, [["not", "a", "subscription"]]],
     ],
 )
 def test_malformed_part_header_is_refused(body: object) -> None:
@@ -219,7 +230,7 @@ def test_malformed_part_header_is_refused(body: object) -> None:
 def test_other_payloads_are_not_parts() -> None:
     with pytest.raises(SerializationError, match=r"silbo\.part"):
         load(pack_subscriptions(SUBSCRIPTIONS[:3]), ReferenceMatcher())
-    future = pack_envelope(PART_KIND, PART_VERSION + 1, ["m0", 0, []])
+    future = pack_envelope(PART_KIND, PART_VERSION + 1, ["m0", 0, 0, []])
     with pytest.raises(SerializationError, match="version"):
         load(future, ReferenceMatcher())
 
@@ -227,8 +238,143 @@ def test_other_payloads_are_not_parts() -> None:
 def test_bad_subscription_in_a_part_names_its_position() -> None:
     objs = [subscription_to_obj(s) for s in SUBSCRIPTIONS[:3]]
     objs[2][0] = "bad id"
-    part = pack_envelope(PART_KIND, PART_VERSION, ["m0", 3, objs])
+    part = pack_envelope(PART_KIND, PART_VERSION, ["m0", 3, 3, objs])
     target = ReferenceMatcher()
     with pytest.raises(SerializationError, match="subscription 2"):
         load(part, target)
     assert len(target) == 0
+
+
+# -- the trusted decode of a part from another matcher ----------------------------------------
+
+
+def trusted(part: bytes, owner: str | None = None, size: int = 7) -> list[Subscription]:
+    return [s for piece in unpack_part_pieces(part, owner, size, trusted=True) for s in piece]
+
+
+UNUSUAL = [
+    Subscription(
+        "notified",
+        (EntitySelector(id_pattern="^Room", type="Room"), EntitySelector(id="Hall")),
+        notification=NotificationOptions(
+            attrs=("temperature",), attrs_format=AttrsFormat.KEY_VALUES, throttling=2.5
+        ),
+        expires=1_900_000_000.5,
+        subscriber="ff01",
+    ),
+    Subscription("idle", (EntitySelector(id="x"),), status=Status.INACTIVE, q="a>1", mq="a.m==2"),
+    Subscription("big-expiry", (EntitySelector(id="x"),), expires=1 << 70),
+]
+
+
+def test_trusted_decode_equals_the_checked_one() -> None:
+    part = pack_part("m0", SUBSCRIPTIONS + UNUSUAL)
+    decoded = trusted(part, "m0")
+    assert decoded == unpack_part(part, "m0").subscriptions == SUBSCRIPTIONS + UNUSUAL
+    for mine, theirs in zip(decoded, SUBSCRIPTIONS + UNUSUAL, strict=True):
+        assert mine.filter == theirs.filter
+
+
+def test_trusted_decode_shares_equal_selectors_and_filters() -> None:
+    same = [
+        Subscription(f"s{i}", (EntitySelector(id_pattern="^R", type="Room"),), q="t>1")
+        for i in range(3)
+    ]
+    decoded = trusted(pack_part("m0", same))
+    assert decoded[0].entities is decoded[2].entities
+    assert decoded[0].filter is decoded[2].filter
+
+
+@pytest.mark.parametrize("size", [1, 1000])
+def test_trusted_pieces_hold_at_most_size(size: int) -> None:
+    pieces = list(unpack_part_pieces(pack_part("m0", SUBSCRIPTIONS), size=size, trusted=True))
+    assert all(len(piece) <= size for piece in pieces)
+    assert sum(map(len, pieces)) == len(SUBSCRIPTIONS)
+
+
+def test_trusted_decode_refuses_a_truncated_part_before_any_piece() -> None:
+    part = pack_part("m0", SUBSCRIPTIONS[:20])
+    for end in range(0, len(part), max(1, len(part) // 200)):
+        with pytest.raises(SerializationError):
+            next(unpack_part_pieces(part[:end], trusted=True))
+
+
+def test_trusted_decode_refuses_trailing_bytes() -> None:
+    with pytest.raises(SerializationError, match="more than its envelope"):
+        trusted(pack_part("m0", SUBSCRIPTIONS[:3]) + b"\x00")
+
+
+def test_trusted_decode_checks_owner_and_count() -> None:
+    with pytest.raises(SerializationError, match="part is for 'm1', not 'm0'"):
+        trusted(pack_part("m1", SUBSCRIPTIONS[:3]), "m0")
+    objs = [subscription_to_obj(s) for s in SUBSCRIPTIONS[:5]]
+    with pytest.raises(SerializationError, match="declares 6 subscriptions but holds 5"):
+        trusted(pack_envelope(PART_KIND, PART_VERSION, ["m0", 6, 6, objs]))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        None,
+        ["m0", 0, []],
+        ["m0", 0, 0],
+        [0, 0, 0, []],
+        ["m0", "0", 0, []],
+        ["m0", True, 1, []],
+        ["m0", 0, -1, []],
+        ["m0", 0, 0, {}],
+    ],
+)
+def test_trusted_decode_refuses_a_malformed_header(body: object) -> None:
+    with pytest.raises(SerializationError):
+        trusted(pack_envelope(PART_KIND, PART_VERSION, body))
+
+
+def test_trusted_decode_refuses_other_payloads() -> None:
+    with pytest.raises(SerializationError, match=r"silbo\.part"):
+        trusted(pack_subscriptions(SUBSCRIPTIONS[:3]))
+    with pytest.raises(SerializationError, match="version"):
+        trusted(pack_envelope(PART_KIND, PART_VERSION + 1, ["m0", 0, 0, []]))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        (None, ["not", "a", "subscription"]),
+        (1, []),
+        (1, [["x", None, None, None, None]]),
+        (10, 99),
+        (5, "("),
+    ],
+)
+def test_trusted_decode_names_the_position_of_a_malformed_subscription(
+    field: int | None, value: object
+) -> None:
+    objs: list[Any] = [subscription_to_obj(s) for s in SUBSCRIPTIONS[:3]]
+    if field is None:
+        objs[2] = value
+    else:
+        objs[2][field] = value
+    with pytest.raises(SerializationError, match="subscription 2"):
+        trusted(pack_envelope(PART_KIND, PART_VERSION, ["m0", 3, 3, objs]))
+
+
+def test_a_chunk_says_how_many_the_whole_part_holds() -> None:
+    chunk = pack_part("m0", SUBSCRIPTIONS[:5], total=12)
+    decoded = unpack_part(chunk, "m0")
+    assert (decoded.total, decoded.subscriptions) == (12, SUBSCRIPTIONS[:5])
+    reader = TrustedPart(chunk, "m0")
+    assert (reader.owner, reader.count, reader.total) == ("m0", 5, 12)
+    assert [s for piece in reader.pieces(2) for s in piece] == SUBSCRIPTIONS[:5]
+    assert unpack_part(pack_part("m0", SUBSCRIPTIONS[:5])).total == 5
+    with pytest.raises(InvalidInput, match="cannot hold"):
+        pack_part("m0", SUBSCRIPTIONS[:5], total=4)
+
+
+def test_a_chunk_holding_more_than_its_total_is_refused() -> None:
+    objs = [subscription_to_obj(s) for s in SUBSCRIPTIONS[:3]]
+    part = pack_envelope(PART_KIND, PART_VERSION, ["m0", 3, 2, objs])
+    with pytest.raises(SerializationError, match="3 of a total of 2"):
+        unpack_part(part)
+    with pytest.raises(SerializationError, match="3 of a total of 2"):
+        trusted(part)
