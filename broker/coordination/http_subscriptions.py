@@ -6,8 +6,9 @@ Layout (under the cluster's chroot)::
     /ngsi/subscriptions/<id>   persistent; {"tenant", "scope", "document", "created"}:
                                written when the subscription is created or PATCHed
     /ngsi/status/<id>          persistent; the delivery status (status, timesSent,
-                               lastNotification, lastSuccess...), written by its owner from
-                               time to time (``--status-flush``) and when the owner stops
+                               lastNotification, lastSuccess...): created with the definition,
+                               written by its owner from time to time (``--status-flush``, in
+                               transactions of STATUS_BATCH) and when the owner stops
     /ngsi/owners/<id>          ephemeral; {"front": member name}: the front that delivers it
     /ngsi/fronts/<name>        ephemeral; {"http": "host:port"}: a front serving now
 
@@ -51,6 +52,7 @@ OWNERS = "/ngsi/owners"
 FRONTS = "/ngsi/fronts"
 CALL_TIMEOUT = 10.0  # seconds one ZooKeeper call may take
 PIPELINE = 256  # calls in flight when writing many znodes
+STATUS_BATCH = 500  # statuses written in one transaction (~300 bytes each, far under 1 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,7 @@ class Registry:
         with translated("keep the subscription"):
             transaction = self._client.transaction()
             transaction.create(f"{SUBSCRIPTIONS}/{stored.id}", definition)
+            transaction.create(f"{STATUS}/{stored.id}", _json(stored.status))
             transaction.create(f"{OWNERS}/{stored.id}", self._owner(), ephemeral=True)
             results = await self._call(transaction.commit_async())
         # the operation that failed has its own error, the others RolledBackError
@@ -311,22 +314,26 @@ class Registry:
             await self._many(paths, lambda path: self._client.delete_async(path), NoNodeError)
 
     async def save_status(self, statuses: Iterable[tuple[str, dict[str, Any]]]) -> None:
-        """Write the status of subscriptions (creating the znode the first time)."""
+        """Write the status of subscriptions: STATUS_BATCH to a transaction (one request
+        instead of hundreds: 10,000 written one by one took 2 s of the front's CPU); a
+        batch that fails (a subscription deleted meanwhile) is written one by one."""
         client = self._client
 
         async def save(item: tuple[str, dict[str, Any]]) -> None:
-            path, data = f"{STATUS}/{item[0]}", _json(item[1])
-            try:
-                await self._call(client.set_async(path, data))
-            except NoNodeError:
-                # NodeExists: written meanwhile by a new owner; NoNode: the subscription is gone
-                with contextlib.suppress(NodeExistsError, NoNodeError):
-                    await self._call(client.create_async(path, data))
+            with contextlib.suppress(NoNodeError):  # the subscription is gone
+                await self._call(client.set_async(f"{STATUS}/{item[0]}", _json(item[1])))
 
         with translated("save the subscriptions' status"):
             items = list(statuses)
-            for start in range(0, len(items), PIPELINE):
-                await asyncio.gather(*(save(i) for i in items[start : start + PIPELINE]))
+            for start in range(0, len(items), STATUS_BATCH):
+                batch = items[start : start + STATUS_BATCH]
+                transaction = client.transaction()
+                for subscription_id, record in batch:
+                    transaction.set_data(f"{STATUS}/{subscription_id}", _json(record))
+                results = await self._call(transaction.commit_async())
+                if any(isinstance(r, Exception) for r in results):
+                    for piece in range(0, len(batch), PIPELINE):
+                        await asyncio.gather(*(save(i) for i in batch[piece : piece + PIPELINE]))
 
     async def _many(
         self, paths: list[str], call: Callable[[str], Any], ignored: type[Exception]

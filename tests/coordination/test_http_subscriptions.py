@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from broker.coordination.errors import CoordinationError
-from broker.coordination.http_subscriptions import OWNERS, Registry, Stored, heir
+from broker.coordination.http_subscriptions import OWNERS, STATUS, Registry, Stored, heir
 
 from .conftest import Expire
 
@@ -63,9 +63,12 @@ def test_a_subscription_is_kept_owned_and_forgotten(
         assert read is not None
         assert (read.tenant, read.scope, read.document) == ("t1", "/", kept.document)
         assert read.status == {"timesSent": 3, "status": "inactive"}
-        await registry.save_status([(kept.id, {"timesSent": 4})])
+        gone = "f" * 24  # a subscription deleted meanwhile fails its batch, not the others
+        await registry.save_status([(gone, {"timesSent": 9}), (kept.id, {"timesSent": 4})])
         read = await registry.read(kept.id)
         assert read is not None and read.status == {"timesSent": 4}
+        assert not await registry.exists(gone) and await registry.read(gone) is None
+        assert front.registry._client.exists(f"{STATUS}/{gone}") is None
         with pytest.raises(CoordinationError, match="NodeExists"):  # the id is taken
             await registry.create(kept)
         await registry.release([kept.id])
