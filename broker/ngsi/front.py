@@ -89,8 +89,16 @@ class BrokerPort(Protocol):
     async def publish(self, entities: Sequence[pb.Entity], publisher: str, first: int) -> None:
         """Publish a batch (entity i has sequence ``first + i``); SilboError if refused."""
 
-    async def subscribe(self, specs: Sequence[pb.SubscriptionSpec], *, replace: bool) -> list[int]:
-        """Place subscriptions with their matchers; their handles, in order."""
+    async def subscribe(
+        self,
+        specs: Sequence[pb.SubscriptionSpec],
+        *,
+        replace: bool,
+        placed: Callable[[list[int]], None] | None = None,
+    ) -> list[int]:
+        """Place subscriptions with their matchers; their handles, in order. ``placed`` is
+        told the handles before the matchers get them: a notification under a handle can
+        then arrive before the acknowledgement (they travel different ways)."""
 
     async def unsubscribe(self, ids: Sequence[str]) -> None:
         """Remove subscriptions from their matchers."""
@@ -296,10 +304,15 @@ class NgsiFront:
         self._firing.invalidate()
         matchers_see = (old.selectors, old.q, old.mq, old.expires)
         if matchers_see != (parsed.selectors, parsed.q, parsed.mq, parsed.expires):
-            [handle] = await self.port.subscribe([subscription.spec()], replace=True)
-            self._by_handle.pop(subscription.handle, None)
+            old_handle = subscription.handle
+
+            def placed(handles: list[int]) -> None:
+                self._by_handle[handles[0]] = subscription  # the old handle still counts too
+                self._firing.invalidate()
+
+            [handle] = await self.port.subscribe([subscription.spec()], replace=True, placed=placed)
+            self._by_handle.pop(old_handle, None)
             subscription.handle = handle
-            self._by_handle[handle] = subscription
             self._firing.invalidate()
 
     async def delete(self, subscription: HttpSubscription) -> None:
@@ -423,13 +436,20 @@ class NgsiFront:
                         adopted.append(subscription)
                 if not adopted:
                     continue
+
+                def placed(handles: list[int], adopted: list[HttpSubscription] = adopted) -> None:
+                    for subscription, handle in zip(adopted, handles, strict=True):
+                        self._hold(subscription, handle, fails=subscription.fails_counter)
+
                 try:
-                    handles = await self.port.subscribe([s.spec() for s in adopted], replace=True)
+                    await self.port.subscribe(
+                        [s.spec() for s in adopted], replace=True, placed=placed
+                    )
                 except SilboError:
+                    for subscription in adopted:
+                        self._drop(subscription)
                     await registry.release([s.id for s in adopted])
                     raise
-                for subscription, handle in zip(adopted, handles, strict=True):
-                    self._hold(subscription, handle, fails=subscription.fails_counter)
                 _log.info("adopted %d HTTP subscriptions", len(adopted))
 
     def _revive(self, subscription_id: str, kept: Stored | None) -> HttpSubscription | None:

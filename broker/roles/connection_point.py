@@ -326,7 +326,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             return pb.SessionAck(request=request.request, error=error)
 
     async def _subscribe(
-        self, session: _Session, request: int, subscribe: pb.Subscribe
+        self,
+        session: _Session,
+        request: int,
+        subscribe: pb.Subscribe,
+        placed: Callable[[list[int]], None] | None = None,
     ) -> pb.SessionAck:
         placements = []
         ids: list[str] = []
@@ -352,6 +356,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         if not placements:
             raise InvalidInput("subscribe needs at least one subscription")
         session.next_number += len(placements)
+        if placed is not None:  # before the matchers can match under these handles
+            placed(handles)
         ack = await self._request(
             lambda number: wire.Batch(
                 subscriptions=wire.Subscriptions(
@@ -757,9 +763,15 @@ class _FrontPort:
             raise Unavailable("the access point went away; publish again")
         self._cp._ctx().metrics.items_in.labels(kind="update").inc(count)
 
-    async def subscribe(self, specs: Sequence[pb.SubscriptionSpec], *, replace: bool) -> list[int]:
+    async def subscribe(
+        self,
+        specs: Sequence[pb.SubscriptionSpec],
+        *,
+        replace: bool,
+        placed: Callable[[list[int]], None] | None = None,
+    ) -> list[int]:
         subscribe = pb.Subscribe(subscriptions=specs, replace=replace)
-        ack = await self._cp._subscribe(self._session, next(self._requests), subscribe)
+        ack = await self._cp._subscribe(self._session, next(self._requests), subscribe, placed)
         _raise_for(ack)
         return list(ack.handles)
 
