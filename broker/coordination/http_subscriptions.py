@@ -235,18 +235,12 @@ class Registry:
     async def read(self, subscription_id: str) -> Stored | None:
         """A subscription as kept (None if there is none)."""
         with translated("read the subscription"):
-            try:
-                data, _stat = await self._call(
-                    self._client.get_async(f"{SUBSCRIPTIONS}/{subscription_id}")
-                )
-            except NoNodeError:
-                return None
-            try:
-                status, _stat = await self._call(
-                    self._client.get_async(f"{STATUS}/{subscription_id}")
-                )
-            except NoNodeError:
-                status = b"{}"
+            data, status = await asyncio.gather(
+                self._data(f"{SUBSCRIPTIONS}/{subscription_id}"),
+                self._data(f"{STATUS}/{subscription_id}"),
+            )
+        if data is None:
+            return None
         body = _decode(f"{SUBSCRIPTIONS}/{subscription_id}", data)
         return Stored(
             subscription_id,
@@ -254,7 +248,7 @@ class Registry:
             str(body["scope"]),
             dict(body["document"]),
             float(body["created"]),
-            _decode(f"{STATUS}/{subscription_id}", status),
+            _decode(f"{STATUS}/{subscription_id}", status or b"{}"),
         )
 
     async def exists(self, subscription_id: str) -> bool:
@@ -268,12 +262,9 @@ class Registry:
     async def owner(self, subscription_id: str) -> str | None:
         """The front that owns a subscription (None: nobody, or no such subscription)."""
         with translated("read the subscription's owner"):
-            try:
-                data, _stat = await self._call(
-                    self._client.get_async(f"{OWNERS}/{subscription_id}")
-                )
-            except NoNodeError:
-                return None
+            data = await self._data(f"{OWNERS}/{subscription_id}")
+        if data is None:
+            return None
         return str(_decode(f"{OWNERS}/{subscription_id}", data).get("front", ""))
 
     async def claim(self, subscription_id: str) -> bool:
@@ -346,6 +337,14 @@ class Registry:
             await asyncio.gather(*(one(p) for p in paths[start : start + PIPELINE]))
 
     # -- plumbing ---------------------------------------------------------------------------
+
+    async def _data(self, path: str) -> bytes | None:
+        """A znode's data (None if there is no such znode)."""
+        try:
+            data, _stat = await self._call(self._client.get_async(path))
+        except NoNodeError:
+            return None
+        return bytes(data)
 
     def _owner(self) -> bytes:
         return _json({"front": self.name})

@@ -379,11 +379,10 @@ class NgsiFront:
         those whose ``status`` changed (a oneshot that fired must not fire again elsewhere)."""
         if self._leaving:
             return  # the heirs own them now
-        changed = []
-        for subscription in self.subscriptions.values():
-            key, saved = subscription.status_key(), subscription.saved
-            if key != saved and (whole or key[0] != saved[0]):
-                changed.append(subscription)
+        if whole:
+            changed = [s for s in self.subscriptions.values() if s.status_key() != s.saved]
+        else:  # every second: only the status field, cheap to compare
+            changed = [s for s in self.subscriptions.values() if s.status != s.saved[0]]
         if not changed:
             return
         await self._registry().save_status((s.id, s.status_record()) for s in changed)

@@ -146,7 +146,10 @@ def test_a_large_part_moves_in_chunks(
         updates = iot_updates(12000, seed=9, stations=60)
         publisher = SteadyPublisher(cluster.endpoints, "steady", updates)
         publisher.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30.0  # the scale starts under traffic
+        while not recorder.received() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert recorder.received(), "nothing delivered before the scale"
         cluster.add(Role.MATCHER, 1)
         out = scale_matchers(zk, _matchers(cluster), timeout=60.0)
         assert out.outcome == "completed", out

@@ -22,7 +22,7 @@ from kazoo.client import KazooClient
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.embedded import EmbeddedZooKeeper
-from broker.coordination.http_subscriptions import FRONTS, OWNERS, SUBSCRIPTIONS
+from broker.coordination.http_subscriptions import FRONTS, OWNERS, STATUS, SUBSCRIPTIONS
 from broker.coordination.scaling import scale_layer
 from broker.runtime.options import Role
 from ngsi.conftest import Front, Receiver, tenant
@@ -118,7 +118,6 @@ def test_every_front_lists_every_subscription_oldest_first_with_paging(
     for i in range(6):  # alternately at either front
         front = one if i % 2 == 0 else two
         made.append(subscribe(front, headers, http_subscription(receiver.url(f"/{i}"))))
-        time.sleep(0.01)
     for front in (one, two):
         answer = _listed(front, headers, "?options=count&limit=1000")
         assert _ids(answer.body) == made
@@ -194,7 +193,17 @@ def test_a_killed_front_leaves_its_subscriptions_with_their_status_to_the_other(
     publish(one, headers, {"id": "R", "type": "Room", "t": {"value": 1, "type": "Number"}})
     receiver.wait_for(2)
     wait_until(lambda: get(one, headers, oneshot)["status"] == "inactive", "oneshot spent")
-    time.sleep(1.5)  # the status is saved within the flush interval (0.2 s) and its tick (1 s)
+
+    def saved(subscription_id: str) -> dict[str, Any]:
+        zk = _zk(cluster)
+        try:
+            return dict(json.loads(zk.get(f"{STATUS}/{subscription_id}")[0]))
+        finally:
+            zk.stop()
+            zk.close()
+
+    wait_until(lambda: saved(made).get("timesSent") == 1, "the counters saved")
+    wait_until(lambda: saved(oneshot).get("status") == "inactive", "the spent oneshot saved")
     os.kill(_member(cluster, one).pid, signal.SIGKILL)
 
     def adopted() -> bool:
@@ -278,7 +287,7 @@ def test_scaling_connection_points_in_hands_subscriptions_over_without_gaps_or_d
     publisher = threading.Thread(target=steady, daemon=True)
     publisher.start()
     try:
-        time.sleep(1.0)
+        wait_until(lambda: len(receiver.received()) >= 50, "publishing before the scale")
         zk = _zk(cluster)
         try:
             outcome = scale_layer(zk, "connection-points", [staying.name], timeout=60)
@@ -286,14 +295,23 @@ def test_scaling_connection_points_in_hands_subscriptions_over_without_gaps_or_d
             zk.stop()
             zk.close()
         assert outcome.outcome == "completed", outcome
-        time.sleep(1.0)
+        after = len(sent)
+        wait_until(lambda: len(sent) >= after + 50, "publishing after the scale")
     finally:
         stop.set()
         publisher.join(10)
     cluster.retire([leaving.name])
-    got = receiver.wait_for(len(made) * len(sent), timeout=30)
-    time.sleep(0.5)  # a duplicate would come now
-    got = receiver.received()
+    # a marker last: once each subscription has it from the staying front, which sends a
+    # subscription's notifications in order, nothing more can come (the leaving one stopped)
+    marker = {"id": "R", "type": "Room", "n": {"value": -1, "type": "Number"}}
+    publish(one, headers, marker)
+
+    def marked() -> bool:
+        paths = {n.path for n in receiver.received() if n.body["data"][0]["n"]["value"] == -1}
+        return paths == {f"/{i}" for i in range(len(made))}
+
+    wait_until(marked, "the marker notified to every subscription", 30)
+    got = [n for n in receiver.received() if n.body["data"][0]["n"]["value"] != -1]
     for i, subscription_id in enumerate(made):
         values = sorted(n.body["data"][0]["n"]["value"] for n in got if n.path == f"/{i}")
         assert values == sent, f"subscription {subscription_id}: gaps or duplicates"

@@ -208,20 +208,20 @@ def test_count_mismatch_is_refused() -> None:
         load(part, ReferenceMatcher())
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        None,
-        ["m0", 0, []],  # format version 1's body
-        ["m0", 0, 0],
-        [0, 0, 0, []],
-        ["m0", "0", 0, []],
-        ["m0", True, 1, []],
-        ["m0", 0, -1, []],
-        ["m0", 0, 0, {}],
-        ["m0", 1, 1, [["not", "a", "subscription"]]],
-    ],
-)
+# part bodies whose header is wrong (the trusted decode and the checked one both refuse them)
+MALFORMED_HEADERS: list[object] = [
+    None,
+    ["m0", 0, []],  # format version 1's body
+    ["m0", 0, 0],
+    [0, 0, 0, []],
+    ["m0", "0", 0, []],
+    ["m0", True, 1, []],
+    ["m0", 0, -1, []],
+    ["m0", 0, 0, {}],
+]
+
+
+@pytest.mark.parametrize("body", [*MALFORMED_HEADERS, ["m0", 1, 1, [["not", "a", "subscription"]]]])
 def test_malformed_part_header_is_refused(body: object) -> None:
     with pytest.raises(SerializationError):
         unpack_part(pack_envelope(PART_KIND, PART_VERSION, body))
@@ -312,19 +312,7 @@ def test_trusted_decode_checks_owner_and_count() -> None:
         trusted(pack_envelope(PART_KIND, PART_VERSION, ["m0", 6, 6, objs]))
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        None,
-        ["m0", 0, []],
-        ["m0", 0, 0],
-        [0, 0, 0, []],
-        ["m0", "0", 0, []],
-        ["m0", True, 1, []],
-        ["m0", 0, -1, []],
-        ["m0", 0, 0, {}],
-    ],
-)
+@pytest.mark.parametrize("body", MALFORMED_HEADERS)
 def test_trusted_decode_refuses_a_malformed_header(body: object) -> None:
     with pytest.raises(SerializationError):
         trusted(pack_envelope(PART_KIND, PART_VERSION, body))
