@@ -122,6 +122,7 @@ class ClusterSpec:
     http_port: int | None = None
     notify_allow: tuple[str, ...] = ()  # --notify-allow of every connection point
     status_flush: float = 10.0  # --status-flush of every connection point
+    http_read_timeout: float = 30.0  # --http-read-timeout of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
@@ -154,6 +155,8 @@ class ClusterSpec:
             problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
+        if not self.http_read_timeout > 0:
+            problems.append(f"--http-read-timeout must be positive, not {self.http_read_timeout}")
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
         if self.zk is not None and not self.zk.strip():
@@ -466,7 +469,11 @@ class LocalCluster:
         if self.spec.http_port is None:
             return []
         http = self.spec.http_port and self.spec.http_port + number - 1
-        extra = ["--http-listen", f"{HOST}:{http}", "--status-flush", str(self.spec.status_flush)]
+        extra = [
+            *("--http-listen", f"{HOST}:{http}"),
+            *("--status-flush", str(self.spec.status_flush)),
+            *("--http-read-timeout", str(self.spec.http_read_timeout)),
+        ]
         for entry in self.spec.notify_allow:
             extra += ["--notify-allow", entry]
         return extra

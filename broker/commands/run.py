@@ -3,7 +3,8 @@
     silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
-        [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]]
+        [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]
+         [--http-read-timeout S]]
                                                                       (connection points)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
@@ -59,6 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
     add_status_flush(parser)
+    add_http_read_timeout(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
@@ -75,6 +77,18 @@ def add_status_flush(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="connection points: seconds between saves of the HTTP subscriptions' counters "
         "to ZooKeeper (default 10)",
+    )
+
+
+def add_http_read_timeout(parser: argparse.ArgumentParser) -> None:
+    """Add ``--http-read-timeout S`` (``silbo run`` and ``silbo up``: docs/ngsi.md)."""
+    parser.add_argument(
+        "--http-read-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="connection points: seconds an HTTP client may take to send a request's head or "
+        "body, or stay idle between requests (default 30)",
     )
 
 
@@ -109,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             http_listen=args.http_listen,
             notify_allow=tuple(args.notify_allow),
             status_flush=args.status_flush,
+            http_read_timeout=args.http_read_timeout,
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
         )

@@ -2,7 +2,7 @@
 
     silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
         [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]
-        [--status-flush S]]
+        [--status-flush S] [--http-read-timeout S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--log-level INFO] [--timeout 60]
 
@@ -45,7 +45,7 @@ from broker.cluster.local import (
     LocalCluster,
     PortTaken,
 )
-from broker.commands.run import add_spark_offload, add_status_flush
+from broker.commands.run import add_http_read_timeout, add_spark_offload, add_status_flush
 from broker.coordination.errors import (
     JavaNotFound,
     PortInUse,
@@ -110,6 +110,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
     add_status_flush(parser)
+    add_http_read_timeout(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
@@ -140,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             http_port=args.http_port,
             notify_allow=tuple(args.notify_allow),
             status_flush=args.status_flush,
+            http_read_timeout=args.http_read_timeout,
             spark_offload=args.spark_offload,
             zk=args.zk,
             cluster=args.cluster,

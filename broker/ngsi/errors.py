@@ -7,6 +7,7 @@ Each carries Orion's error name and status code (ngsi-v2.md section 5)::
     │   └── ParseError              the body is not JSON (400 ParseError)
     ├── ContentLengthRequired       a body without Content-Length (411)
     ├── RequestEntityTooLarge       a body over 1 MB (413)
+    ├── RequestTimeout              a body that did not arrive in time (408)
     ├── UnsupportedMediaType        a body that is neither JSON nor, where allowed, text (415)
     ├── NotAcceptable               an Accept header that excludes JSON (406)
     ├── MethodNotAllowed            a known path with the wrong method (405 MethodNotAlowed)
@@ -28,6 +29,7 @@ __all__ = [
     "ParseError",
     "PartialUpdate",
     "RequestEntityTooLarge",
+    "RequestTimeout",
     "TooManyResults",
     "Unprocessable",
     "UnsupportedMediaType",
@@ -44,6 +46,10 @@ class ContentLengthRequired(SilboError):
 
 class RequestEntityTooLarge(SilboError):
     """A request body is larger than the front accepts."""
+
+
+class RequestTimeout(SilboError):
+    """A request body did not arrive within the front's read timeout."""
 
 
 class UnsupportedMediaType(SilboError):
@@ -81,6 +87,7 @@ register_mapping(
 register_mapping(
     RequestEntityTooLarge, ErrorMapping("RESOURCE_EXHAUSTED", 413, "RequestEntityTooLarge")
 )
+register_mapping(RequestTimeout, ErrorMapping("DEADLINE_EXCEEDED", 408, "RequestTimeout"))
 register_mapping(
     UnsupportedMediaType, ErrorMapping("INVALID_ARGUMENT", 415, "UnsupportedMediaType")
 )

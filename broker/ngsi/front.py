@@ -44,7 +44,7 @@ from broker.ngsi.notifier import (
     DEFAULT_TOTAL_LIMIT,
     Notifier,
 )
-from broker.ngsi.request import MAX_BODY, checks
+from broker.ngsi.request import BODY_TIMEOUT, MAX_BODY, READ_TIMEOUT, checks
 from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
 from broker.runtime.options import parse_address
 from broker.wire import client_pb2 as pb
@@ -112,6 +112,7 @@ class FrontOptions:
     allow: AllowList = field(default_factory=AllowList.parse)
     advertise: str = ""  # the host other fronts reach this one at, when listening on any
     status_flush: float = DEFAULT_STATUS_FLUSH  # seconds between saves of changed counters
+    read_timeout: float = BODY_TIMEOUT  # seconds a client may take over a request head or body
     cache_limit: int = DEFAULT_LIMIT
     concurrency: int = DEFAULT_CONCURRENCY
     per_origin: int = DEFAULT_PER_ORIGIN
@@ -162,7 +163,15 @@ class NgsiFront:
         sock = _bind(host, port, self.options.listen)
         app = web.Application(middlewares=[checks], client_max_size=MAX_BODY + 1)
         add_routes(app, self)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        app[READ_TIMEOUT] = self.options.read_timeout
+        # keepalive_timeout also bounds the wait for a request's head (a connection that
+        # never completes one is closed), not only the idle time between requests
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.options.read_timeout,
+        )
         await self._runner.setup()
         bound = sock.getsockname()[1]
         self.address = f"{host}:{bound}"
@@ -521,6 +530,9 @@ def _bind(host: str, port: int, listen: str) -> socket.socket:
     except OSError as exc:
         raise AddressTaken(f"cannot serve HTTP on {listen}: {exc.strerror or exc}") from exc
     try:
+        # Rebinding at once after a stop, while its connections sit in TIME_WAIT; two live
+        # listeners still cannot share the port (that would take SO_REUSEPORT).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(1024)
     except OSError as exc:

@@ -6,10 +6,17 @@ order: the Accept header must allow JSON (406); a body must say its length (411)
 handler raises becomes ``{"error", "description"}`` with the status of the one error table
 (:func:`broker.errors.mapping_for`); anything else is a logged 500 and the server goes on.
 Every answer carries the request's ``Fiware-Correlator`` (a new one if it had none).
+
+Bodies are read by :func:`read_body` only, within limits a client cannot stretch: the whole
+body within ``BODY_TIMEOUT`` seconds (408 RequestTimeout, and the connection is closed), at
+most ``MAX_BODY`` bytes once decompressed (413, so a gzip bomb stops at 1 MB), a
+``Content-Encoding`` that decodes (400 BadRequest), JSON nested at most ``MAX_DEPTH`` levels
+(400 ParseError naming the limit) and text in UTF-8 (400 BadRequest).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -17,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import InvalidInput, SilboError, mapping_for
 from broker.model.identifiers import (
@@ -32,17 +40,23 @@ from broker.ngsi.errors import (
     NotAcceptable,
     ParseError,
     RequestEntityTooLarge,
+    RequestTimeout,
     UnsupportedMediaType,
 )
 
 __all__ = [
+    "BODY_TIMEOUT",
     "CORRELATOR",
     "MAX_BODY",
+    "MAX_DEPTH",
+    "READ_TIMEOUT",
     "checks",
     "correlator_of",
     "error_response",
     "options_of",
+    "read_body",
     "read_json",
+    "read_text",
     "scope_of",
     "service_path_of",
     "tenant_of",
@@ -51,6 +65,9 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 20  # Orion's 1 MB
+MAX_DEPTH = 64  # levels of JSON nesting in a body (Python's own parser gives up near 1,000)
+BODY_TIMEOUT = 30.0  # seconds a client gets to send a whole body (by default)
+READ_TIMEOUT = web.AppKey("read_timeout", float)  # the front's own, in its app
 CORRELATOR = "Fiware-Correlator"
 KNOWN_OPTIONS = frozenset(
     {
@@ -67,6 +84,7 @@ KNOWN_OPTIONS = frozenset(
         "skipInitialNotification",
     }
 )
+_CLOSE = "close"  # request key: answer, then close the connection
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -117,6 +135,8 @@ async def checks(request: web.Request, handler: Handler) -> web.StreamResponse:
             status=500,
         )
     response.headers[CORRELATOR] = correlator
+    if request.get(_CLOSE):
+        response.force_close()
     return response
 
 
@@ -148,17 +168,69 @@ def _check_body(request: web.Request) -> None:
     raise UnsupportedMediaType(f"not supported content type: {request.content_type}")
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request body, decoded from its Content-Encoding, within the module doc's limits
+    (the app's ``READ_TIMEOUT``, BODY_TIMEOUT if it has none)."""
+    timeout = request.app.get(READ_TIMEOUT, BODY_TIMEOUT)
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        request[_CLOSE] = True  # what is left of the body must never be read as a request
+        raise RequestTimeout(f"the body did not arrive within {timeout:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise RequestEntityTooLarge(f"the body is over {MAX_BODY} bytes once decoded") from None
+    except (web.HTTPBadRequest, web.RequestPayloadError, HttpProcessingError) as exc:
+        request[_CLOSE] = True
+        encoding = request.headers.get("Content-Encoding", "identity")
+        raise InvalidInput(
+            f"the body could not be read as Content-Encoding {encoding}: {exc}"
+        ) from None
+
+
+async def read_text(request: web.Request) -> str:
+    """A text/plain body (BadRequest unless it is UTF-8)."""
+    data = await read_body(request)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"the text body is not valid UTF-8 (byte {exc.start})") from None
+
+
 async def read_json(request: web.Request, *, required: bool = True) -> Any:
-    """The JSON body (ParseError if it is not JSON; BadRequest if empty and required)."""
-    data = await request.read()
+    """The JSON body (ParseError if it is not JSON or nested too deep; BadRequest if empty
+    and required)."""
+    data = await read_body(request)
     if not data.strip():
         if required:
             raise InvalidInput("empty payload")
         return None
     try:
-        return json.loads(data)
+        document = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ParseError("Errors found in incoming JSON buffer") from None
+    except RecursionError:
+        document = None
+    else:
+        # Only a body with enough brackets can be too deep: counting them is cheap.
+        if data.count(b"[") + data.count(b"{") <= MAX_DEPTH or depth(document) <= MAX_DEPTH:
+            return document
+    raise ParseError(f"the JSON body is nested deeper than {MAX_DEPTH} levels")
+
+
+def depth(document: Any) -> int:
+    """How deeply ``document`` (parsed JSON) nests arrays and objects (a scalar: 0)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 0)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        level += 1
+        deepest = max(deepest, level)
+        stack.extend((child, level) for child in value)
+    return deepest
 
 
 def options_of(request: web.Request) -> frozenset[str]:

@@ -35,7 +35,9 @@ from broker.ngsi.front import ORION_VERSION, NgsiFront
 from broker.ngsi.request import (
     correlator_of,
     options_of,
+    read_body,
     read_json,
+    read_text,
     scope_of,
     service_path_of,
     tenant_of,
@@ -235,7 +237,7 @@ class _Routes:
         name = request.match_info["attr"]
         check_identifier(name, "attribute name")
         if request.content_type == "text/plain":
-            value: Any = parse_text_value(await request.text())
+            value: Any = parse_text_value(await read_text(request))
         else:
             value = await read_json(request)
             if not isinstance(value, dict | list):
@@ -446,7 +448,7 @@ class _Routes:
         url = f"http://{address}{request.path_qs}"
         try:
             async with self._client().request(
-                request.method, url, data=await request.read(), headers=headers
+                request.method, url, data=await read_body(request), headers=headers
             ) as answer:
                 body = await answer.read()
                 kept = {k: v for k, v in answer.headers.items() if k in _ANSWER_HEADERS}

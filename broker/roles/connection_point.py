@@ -737,6 +737,7 @@ class _FrontPort:
                 allow=AllowList.parse(options.notify_allow),
                 advertise=context.member.address.rsplit(":", 1)[0],
                 status_flush=options.status_flush,
+                read_timeout=options.http_read_timeout,
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
         )

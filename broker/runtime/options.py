@@ -38,7 +38,9 @@ class ProcessOptions:
     ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
     ``http_listen`` is where a connection point serves NGSI v2 over HTTP ('' for not at all);
     ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md);
-    ``status_flush`` is how often (seconds) its HTTP subscriptions' counters are saved.
+    ``status_flush`` is how often (seconds) its HTTP subscriptions' counters are saved;
+    ``http_read_timeout`` how long (seconds) an HTTP client may take to send a request's
+    head or body (and stay idle between requests).
     ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
     (0: never), on ``spark_master`` ('' for local; docs/spark.md).
     """
@@ -53,6 +55,7 @@ class ProcessOptions:
     http_listen: str = ""
     notify_allow: tuple[str, ...] = ()
     status_flush: float = 10.0
+    http_read_timeout: float = 30.0
     spark_offload: int = 0
     spark_master: str = ""
 
@@ -77,6 +80,10 @@ class ProcessOptions:
             problems.append("--http-listen is for connection points only")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive seconds, not {self.status_flush}")
+        if not self.http_read_timeout > 0:
+            problems.append(
+                f"--http-read-timeout must be positive seconds, not {self.http_read_timeout}"
+            )
         if self.spark_offload < 0:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:
