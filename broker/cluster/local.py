@@ -1,9 +1,10 @@
 """Start and stop a whole Silbo cluster on this machine (``silbo up`` / ``silbo down``).
 
 :class:`LocalCluster` starts, in order: an embedded ZooKeeper (unless one is given; its data
-starts empty every time), then every broker process (``silbo run ROLE`` as a child, its output
-in ``STATE_DIR/logs``), waits until each has registered in ZooKeeper, forms the cluster (its
-first configuration, over exactly the matchers it started), and writes
+is kept in the state directory across runs: broker.cluster.durable), then every broker
+process (``silbo run ROLE`` as a child, its output in ``STATE_DIR/logs``), waits until each
+has registered in ZooKeeper, forms the cluster (its first configuration, over exactly the
+matchers it started), and writes
 ``STATE_DIR/cluster.json``::
 
     {"cluster": "silbo", "state_dir": "/abs/.silbo", "status": "running",
@@ -45,7 +46,6 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +59,7 @@ from typing import IO, Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from broker.cluster.durable import clear_previous_run, layout_of, purge, write_layout
 from broker.coordination.client import chroot_of, connect
 from broker.coordination.configuration import CONFIG, ClusterConfiguration, Configuration
 from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, stop_detached
@@ -129,6 +130,7 @@ class ClusterSpec:
     state_dir: Path = Path(".silbo")
     detach: bool = False
     log_level: str = "INFO"
+    fresh: bool = False  # start from nothing: drop what the state directory kept
 
     def __post_init__(self) -> None:
         problems = [
@@ -245,6 +247,7 @@ class LocalCluster:
             self._status = "running"
             self.description = self._describe()
             self._write(self.description)
+            write_layout(self.state_dir, layout_of(self.description["processes"]))
         except BaseException:
             self.stop()
             raise
@@ -419,10 +422,11 @@ class LocalCluster:
     def _start_zookeeper(self) -> None:
         data_dir = self.state_dir / "zookeeper"
         # Nothing in cluster.json is alive and we hold the lock: whatever runs on this data
-        # directory is left over from an interrupted start, and its data is stale (old
-        # members, an old configuration naming matchers that are gone).
+        # directory is left over from an interrupted start. Its data is kept (broker.cluster.
+        # durable): _prepare_chroot clears what belonged to the previous run's processes.
         stop_detached(data_dir)
-        shutil.rmtree(data_dir / "data", ignore_errors=True)
+        if self.spec.fresh:
+            purge(self.state_dir)
         self._zookeeper = EmbeddedZooKeeper(
             data_dir=data_dir, die_with_parent=not self.spec.detach
         ).start()
@@ -435,6 +439,8 @@ class LocalCluster:
         """Check ZooKeeper answers, and clear the configuration a stopped cluster left."""
         client = self._connect()
         try:
+            if self.spec.zk is None:  # our own ZooKeeper: every process of its last run is gone
+                clear_previous_run(client)
             existing = ClusterConfiguration(client).read()
             if existing is None:
                 return
@@ -875,3 +881,4 @@ def _rewrite(state_dir: Path, description: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(description, indent=2) + "\n")
     tmp.replace(path)
+    write_layout(state_dir, layout_of(description.get("processes") or []))

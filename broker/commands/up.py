@@ -6,9 +6,12 @@
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--log-level INFO] [--timeout 60]
 
-Without ``--zk`` an embedded ZooKeeper is started too (its data under STATE_DIR/zookeeper,
-fresh every time). Every process logs to STATE_DIR/logs; STATE_DIR/cluster.json describes the
-cluster (what ``silbo down`` and ``silbo admin status --state-dir`` read).
+Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
+STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
+subscriptions and their statuses, and each layer the size it last had (after scales) unless
+a count is given (``silbo down --purge`` starts from nothing; broker.cluster.durable). Every
+process logs to STATE_DIR/logs; STATE_DIR/cluster.json describes the cluster (what ``silbo
+down`` and ``silbo admin status --state-dir`` read).
 
 - In the foreground (the default) it serves until Ctrl-C, SIGTERM or SIGHUP (or ``silbo
   down``), then stops every process and ZooKeeper and exits 0. If a process dies on its own,
@@ -39,6 +42,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from broker.cluster.durable import read_layout
 from broker.cluster.local import (
     ClusterBusy,
     ClusterSpec,
@@ -79,16 +83,25 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+_DEFAULT_SIZES = {"matchers": 2, "access_points": 1, "exit_points": 1, "connection_points": 1}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo up``."""
     counts = (
-        ("--matchers", 2, "matcher processes"),
-        ("--access-points", 1, "access point processes"),
-        ("--exit-points", 1, "exit point processes"),
-        ("--connection-points", 1, "connection point processes (what clients connect to)"),
+        ("matchers", "matcher processes"),
+        ("access_points", "access point processes"),
+        ("exit_points", "exit point processes"),
+        ("connection_points", "connection point processes (what clients connect to)"),
     )
-    for flag, default, what in counts:
-        parser.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    for layer, what in counts:
+        parser.add_argument(
+            f"--{layer.replace('_', '-')}",
+            type=int,
+            default=None,
+            help=f"{what} (default: as the state directory's last run left it, else "
+            f"{_DEFAULT_SIZES[layer]})",
+        )
     parser.add_argument(
         "--grpc-port",
         type=int,
@@ -129,14 +142,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=run)
 
 
+def layer_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """Each layer's size: as given, else as the state directory's last run left it (after
+    its scales; broker.cluster.durable), else the default."""
+    kept = read_layout(Path(args.state_dir)) if args.zk is None else {}
+    return {
+        layer: given if (given := getattr(args, layer)) is not None else kept.get(layer, default)
+        for layer, default in _DEFAULT_SIZES.items()
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
+    sizes = layer_sizes(args)
     try:
         spec = ClusterSpec(
-            matchers=args.matchers,
-            access_points=args.access_points,
-            exit_points=args.exit_points,
-            connection_points=args.connection_points,
+            matchers=sizes["matchers"],
+            access_points=sizes["access_points"],
+            exit_points=sizes["exit_points"],
+            connection_points=sizes["connection_points"],
             grpc_port=args.grpc_port,
             http_port=args.http_port,
             notify_allow=tuple(args.notify_allow),
