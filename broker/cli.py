@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(arguments)
     args.command_line = shlex.join(["silbo", *arguments])
+    args.arguments = arguments
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

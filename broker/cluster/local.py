@@ -51,7 +51,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -184,6 +184,8 @@ class _Child:
     log: Path
     start_time: int | None
     member: Member | None = None
+    number: int = 0  # the slot within its role (its log is <role>-<number>.log)
+    listen: str = ""
 
 
 class LocalCluster:
@@ -272,6 +274,9 @@ class LocalCluster:
                 child.process.kill()
                 child.process.wait()
         self._children.clear()
+        if self._wrote_state:  # processes `admin scale` added are not our children
+            description = read_cluster(self.state_dir) or {}
+            _terminate([pid for pid, kind in _live(description) if kind == "process"], grace=5.0)
         if self._zookeeper is not None:
             self._zookeeper.stop()
             self._zookeeper = None
@@ -348,6 +353,44 @@ class LocalCluster:
         if self._wrote_state:
             self.description = self._describe()
             self._write(self.description)
+
+    def replace(self, role: Role, number: int) -> subprocess.Popen[bytes]:
+        """Start a process in the slot ``number`` of ``role`` again (its port, its log); the
+        supervisor's way to restart a dead one. The dead one's entry is forgotten."""
+        port = self.spec.grpc_port
+        listen = f"{HOST}:0"
+        if role is Role.CONNECTION_POINT and port:
+            listen = f"{HOST}:{port + number - 1}"
+        self._children = [c for c in self._children if not (c.role is role and c.number == number)]
+        self._spawn(role, number, listen)
+        return self._children[-1].process
+
+    def child(self, pid: int) -> subprocess.Popen[bytes] | None:
+        """The process this object started with ``pid`` (None: not one of ours)."""
+        return next((c.process for c in self._children if c.process.pid == pid), None)
+
+    def zookeeper_exited(self) -> int | None:
+        """The embedded ZooKeeper's exit status if it died (None while it runs, or if the
+        ZooKeeper is not ours)."""
+        zookeeper = self._zookeeper
+        if zookeeper is None or zookeeper.pid is None:
+            return None
+        return zookeeper.exit_status()
+
+    def restart_zookeeper(self) -> None:
+        """Start the embedded ZooKeeper again on its port and data (its clients reconnect;
+        sessions still within their timeout go on)."""
+        old = self._zookeeper
+        if old is None:
+            raise ClusterError("this cluster's ZooKeeper is not embedded")
+        port = old.port
+        old.stop()
+        self._zookeeper = EmbeddedZooKeeper(
+            port=port, data_dir=self.state_dir / "zookeeper", die_with_parent=not self.spec.detach
+        ).start()
+        update_description(
+            self.state_dir, lambda d: d["zookeeper"].update(self._describe()["zookeeper"])
+        )
 
     def members_of(self, role: Role) -> list[Member]:
         """The registered members of ``role`` this cluster started, by registration order."""
@@ -516,7 +559,9 @@ class LocalCluster:
                 preexec_fn=setup,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-            self._children.append(_Child(role, process, log, _start_time(process.pid)))
+            self._children.append(
+                _Child(role, process, log, _start_time(process.pid), number=number, listen=listen)
+            )
 
     def _await_members_and_form(self, timeout: float) -> None:
         client = self._connect()
@@ -836,7 +881,7 @@ def add_processes(
     finally:
         _close(client)
     new = [by_pid[p.pid] for p, _log in started]
-    description.setdefault("processes", []).extend(
+    entries = [
         {
             "role": role.value,
             "name": member.name,
@@ -847,28 +892,59 @@ def add_processes(
             "log": str(log),
         }
         for member, (_p, log) in zip(new, started, strict=True)
-    )
-    _rewrite(state_dir, description)
+    ]
+    update_description(state_dir, lambda d: d.setdefault("processes", []).extend(entries))
     return new
 
 
 def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = STOP_GRACE) -> int:
-    """Stop the processes of cluster.json with these member names; how many were running."""
+    """Stop the processes of cluster.json with these member names; how many were running.
+
+    They leave cluster.json first, so that a supervisor does not take their exit for a death.
+    """
     state_dir = Path(state_dir)
-    description = read_cluster(state_dir)
-    if description is None:
-        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
     wanted = set(names)
-    leaving = [p for p in description.get("processes") or [] if p.get("name") in wanted]
+    leaving: list[dict[str, Any]] = []
+
+    def remove(description: dict[str, Any]) -> None:
+        processes = description.get("processes") or []
+        leaving.extend(p for p in processes if p.get("name") in wanted)
+        description["processes"] = [p for p in processes if p.get("name") not in wanted]
+
+    if update_description(state_dir, remove) is None:
+        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
     pids = [
         int(p["pid"])
         for p in leaving
         if _same_process(int(p.get("pid") or 0), p.get("start_time"), "broker.cli run")
     ]
     _terminate(pids, grace=grace)
-    description["processes"] = [p for p in description["processes"] if p not in leaving]
-    _rewrite(state_dir, description)
     return len(pids)
+
+
+@contextlib.contextmanager
+def _description_lock(state_dir: Path) -> Iterator[None]:
+    """Serialise read-modify-writes of cluster.json (supervisor, admin scale)."""
+    fd = os.open(Path(state_dir) / f"{STATE_FILE}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_description(
+    state_dir: Path, change: Callable[[dict[str, Any]], None]
+) -> dict[str, Any] | None:
+    """Apply ``change`` to cluster.json under its lock and write it back; the new content
+    (None, and nothing written, when there is no cluster.json)."""
+    with _description_lock(state_dir):
+        description = read_cluster(state_dir)
+        if description is None:
+            return None
+        change(description)
+        _rewrite(Path(state_dir), description)
+        return description
 
 
 def _rewrite(state_dir: Path, description: dict[str, Any]) -> None:

@@ -26,9 +26,10 @@ import grpc
 
 from broker.cluster.local import add_processes, retire_processes
 from broker.coordination.client import connect
-from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
+from broker.coordination.repair import repair_once
 from broker.coordination.scale import read_state
 from broker.coordination.scaling import LAYERS as SCALABLE
 from broker.coordination.scaling import ScaleOutcome, scale_layer, serving
@@ -126,6 +127,7 @@ def run_scale(args: argparse.Namespace) -> int:
         return 2
     local = None if args.zk else Path(args.state_dir or ".silbo")
     try:
+        repair_once(client)  # a dead member is removed first: survivors are kept
         current = ClusterConfiguration(client).read()
         if current is None:
             print("silbo admin scale: error: the cluster is not formed", file=sys.stderr)
@@ -228,6 +230,10 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         "layers": {layer: sum(1 for p in processes if p["role"] == layer) for layer in LAYERS},
         "processes": processes,
         "scale": None,  # or what /scale holds, in words
+        # members the configuration names that are not registered (a repair is due)
+        "dead": _unregistered(configuration, found) if configuration else [],
+        # members repairs removed because they died, oldest first
+        "failed": list(configuration.failed) if configuration else [],
     }
     plan = scale.plan
     if plan is not None:
@@ -239,6 +245,12 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
             else f"stale plan {what}: its coordinator died; {ending}; the next scale removes it"
         )
     return status
+
+
+def _unregistered(configuration: Configuration, found: Sequence[Member]) -> list[str]:
+    live = {m.name for m in found}
+    named = (*configuration.matchers, *configuration.exit_points, *configuration.access_points)
+    return [name for name in named if name not in live]
 
 
 def _ask_all(found: Sequence[Member]) -> dict[str, wire.ProcessStatus]:
@@ -273,6 +285,11 @@ def run_status(args: argparse.Namespace) -> int:
     print(f"processes: {layers}")
     if status.get("scale"):
         print(f"scale: {status['scale']}")
+    if status["dead"]:
+        print(f"dead, not yet repaired: {', '.join(status['dead'])}")
+    if status["failed"]:
+        recent = status["failed"][-3:]
+        print(f"failures repaired: {len(status['failed'])} (last: {', '.join(recent)})")
     print(f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8}  rates/s")
     for p in status["processes"]:
         rates = ", ".join(

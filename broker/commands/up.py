@@ -14,26 +14,32 @@ process logs to STATE_DIR/logs; STATE_DIR/cluster.json describes the cluster (wh
 down`` and ``silbo admin status --state-dir`` read).
 
 - In the foreground (the default) it serves until Ctrl-C, SIGTERM or SIGHUP (or ``silbo
-  down``), then stops every process and ZooKeeper and exits 0. If a process dies on its own,
-  the cluster is no longer whole (a dead matcher's subscriptions are lost, nothing restarts
-  it): the process and its log are reported, everything is stopped and the exit status is 1.
+  down``), then stops every process and ZooKeeper and exits 0. It supervises meanwhile
+  (broker.cluster.supervisor): a process that dies is reported, restarted with backoff and
+  taken back into its layer; the embedded ZooKeeper is restarted on its port and data.
   If the supervisor itself is killed (even by SIGKILL), its children die with it (a
   parent-death signal).
-- With ``--detach`` it returns once every process is registered and the cluster formed; the
+- With ``--detach`` it starts the same command without ``--detach`` as a daemon (its own
+  session, output in STATE_DIR/logs/supervisor.log): the supervisor, which starts and
+  supervises the cluster as in the foreground. It returns once the daemon reports the
+  cluster running (its summary printed), or with the daemon's error and exit status; the
   processes hold none of the caller's terminal or pipes (``silbo up --detach | cat`` returns).
+  A stop signal while starting stops the daemon, and so everything it started.
   Stop them with ``silbo down``.
 
 Exit status: 0 once up (detached) or after a requested stop (foreground); 2 for an error the
 user can fix (a bad count, a port in use, a cluster already running from the state dir, no
 Java, an unreachable ``--zk``), one line on stderr, with nothing left running; 1 if the
-cluster failed to start or a process died; 128+N when signal N interrupted the start.
+cluster failed to start; 128+N when signal N interrupted the start.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -48,7 +54,9 @@ from broker.cluster.local import (
     ClusterSpec,
     LocalCluster,
     PortTaken,
+    read_cluster,
 )
+from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
 from broker.commands.run import add_http_read_timeout, add_spark_offload, add_status_flush
 from broker.coordination.errors import (
     JavaNotFound,
@@ -62,7 +70,6 @@ from broker.runtime.options import DEFAULT_CLUSTER
 __all__ = ["HELP", "configure", "main", "run"]
 
 HELP = "start a whole cluster on this machine (and ZooKeeper, unless --zk is given)"
-POLL_INTERVAL = 0.5  # seconds between checks that every child still runs (foreground)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _USER_ERRORS: tuple[type[SilboError], ...] = (
     InvalidInput,
@@ -154,6 +161,8 @@ def layer_sizes(args: argparse.Namespace) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
+    if args.detach:
+        return _start_daemon(args)
     sizes = layer_sizes(args)
     try:
         spec = ClusterSpec(
@@ -213,21 +222,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``silbo up`` on its own (``python -m broker.commands.up ...``): the exit status."""
     parser = argparse.ArgumentParser(prog="silbo up", description=HELP)
     configure(parser)
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(arguments)
+    args.arguments = ["up", *arguments]
     status: int = args.handler(args)
     return status
 
 
+SUPERVISOR_LOG = "supervisor.log"
+
+
+def _start_daemon(args: argparse.Namespace) -> int:
+    """``--detach``: run this very command in the foreground as a daemon (see the module doc)."""
+    state_dir = Path(args.state_dir).resolve()
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log = state_dir / "logs" / SUPERVISOR_LOG
+    command = [sys.executable, "-m", "broker.cli"]
+    command += [a for a in getattr(args, "arguments", []) if a != "--detach"]
+    if len(command) == 3 or command[3] != "up":
+        raise SilboError("silbo up --detach needs its command line (run it as `silbo up`)")
+    with _stop_signals():
+        with open(log, "ab") as out:
+            offset = out.tell()
+            daemon = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        try:
+            while True:
+                status = daemon.poll()
+                if status is not None:
+                    said = log.read_bytes()[offset:].decode(errors="replace")
+                    sys.stderr.write(said)
+                    return status if status else 1
+                description = read_cluster(state_dir)
+                if (
+                    description is not None
+                    and description.get("status") == "running"
+                    and description.get("supervisor") == daemon.pid
+                ):
+                    _summary(description, detached=True)
+                    return 0
+                time.sleep(0.05)
+        except Stopped as stop:
+            _ignore_stop_signals()
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait()
+            print(f"silbo up: {stop} while starting: stopping everything", file=sys.stderr)
+            return 128 + stop.signum
+
+
 def _serve(cluster: LocalCluster) -> int:
-    """Wait for a stop signal (raised as Stopped); 1 as soon as a child has died."""
-    while True:
-        exited = cluster.poll()
-        if exited:
-            for line in exited:
-                print(f"silbo up: {line}", file=sys.stderr)
-            print("silbo up: the cluster is no longer whole; stopping it", file=sys.stderr)
-            return 1
-        time.sleep(POLL_INTERVAL)
+    """Supervise until a stop signal (raised as Stopped)."""
+    supervisor = Supervisor(cluster, out=sys.stderr)
+    try:
+        while True:
+            supervisor.check()
+            time.sleep(CHECK_INTERVAL)
+    finally:
+        supervisor.close()
 
 
 def _summary(description: dict[str, Any], *, detached: bool) -> None:

@@ -5,10 +5,13 @@ Layout (under the cluster's chroot)::
     /config     persistent; JSON data:
         {"epoch": 3, "matchers": ["m1", "m2"],
          "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
-         "exit_points": ["ep1"], "access_points": ["ap1"]}
+         "exit_points": ["ep1"], "access_points": ["ap1"], "failed": []}
 
 ``exit_points`` and ``access_points`` name the processes of those layers that serve in this
 epoch (an empty list, as in configurations written before they existed: every live one).
+``failed`` names the members a repair removed because they died (broker.coordination.repair),
+the last ``FAILED_KEPT`` of them, carried from epoch to epoch: whoever waits for a member's
+part of the work (an exit point for a matcher's partial result) stops waiting for these.
 
 Every change is a compare-and-set on the znode's version: a writer reads the configuration
 (getting its version), computes the next one, and writes it only if the version is still the
@@ -53,6 +56,7 @@ __all__ = [
 ]
 
 CONFIG = "/config"
+FAILED_KEPT = 256  # the most recent failed members a configuration remembers
 
 _log = logging.getLogger(__name__)
 
@@ -71,11 +75,12 @@ class Configuration:
     selector: RendezvousSelector
     exit_points: tuple[str, ...] = ()
     access_points: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.epoch, int) or isinstance(self.epoch, bool) or self.epoch < 0:
             raise InvalidConfiguration(f"epoch must be a non-negative integer, not {self.epoch!r}")
-        for label in ("matchers", "exit_points", "access_points"):
+        for label in ("matchers", "exit_points", "access_points", "failed"):
             names = tuple(getattr(self, label))
             if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
                 raise InvalidConfiguration(f"{label} must be distinct non-empty names: {names!r}")
@@ -84,6 +89,11 @@ class Configuration:
             raise InvalidConfiguration(
                 f"the selector's owners {list(self.selector.owners)} are not the matchers "
                 f"{list(self.matchers)}"
+            )
+        serving = {*self.matchers, *self.exit_points, *self.access_points}
+        if serving.intersection(self.failed):
+            raise InvalidConfiguration(
+                f"failed members serve: {sorted(serving.intersection(self.failed))}"
             )
 
     @classmethod
@@ -107,17 +117,21 @@ class Configuration:
         *,
         exit_points: Sequence[str] | None = None,
         access_points: Sequence[str] | None = None,
+        failed: Sequence[str] = (),
     ) -> Configuration:
         """The configuration one epoch later, with what is given changed (default selector:
-        rendezvous over the matchers, kept when the matchers are)."""
+        rendezvous over the matchers, kept when the matchers are); ``failed`` adds members
+        that died to the ones remembered."""
         if matchers is None:
             matchers, selector = self.matchers, selector or self.selector
+        remembered = [n for n in self.failed if n not in failed] + list(failed)
         return Configuration(
             self.epoch + 1,
             tuple(matchers),
             selector if selector is not None else _selector(matchers),
             tuple(self.exit_points if exit_points is None else exit_points),
             tuple(self.access_points if access_points is None else access_points),
+            tuple(remembered[-FAILED_KEPT:]),
         )
 
     def encode(self) -> bytes:
@@ -128,6 +142,7 @@ class Configuration:
             "selector": self.selector.to_dict(),
             "exit_points": list(self.exit_points),
             "access_points": list(self.access_points),
+            "failed": list(self.failed),
         }
         return json.dumps(body, sort_keys=True).encode()
 
@@ -137,7 +152,7 @@ class Configuration:
         try:
             body = json.loads(data)
             lists = {}
-            for label in ("matchers", "exit_points", "access_points"):
+            for label in ("matchers", "exit_points", "access_points", "failed"):
                 names = body["matchers"] if label == "matchers" else body.get(label, [])
                 if not isinstance(names, list):
                     raise TypeError(f"{label} is not a list")
@@ -148,6 +163,7 @@ class Configuration:
                 RendezvousSelector.from_dict(body["selector"]),
                 lists["exit_points"],
                 lists["access_points"],
+                lists["failed"],
             )
         except (ValueError, TypeError, KeyError, InvalidInput) as exc:
             raise CorruptCoordinationData(f"the configuration znode is unreadable: {exc}") from exc

@@ -233,6 +233,10 @@ class EmbeddedZooKeeper:
         """The server's process id while it has one."""
         return self._process.pid if self._process is not None else None
 
+    def exit_status(self) -> int | None:
+        """The server's exit status if its process ended on its own (None while it runs)."""
+        return self._process.poll() if self._process is not None else None
+
     @property
     def data_dir(self) -> Path:
         """The data directory (EmbeddedServerError before start)."""

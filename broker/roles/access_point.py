@@ -447,9 +447,13 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             )
             self._links[name] = link
             link.start()
+        failed = set(current.failed) if current else set()
         for name in set(self._links) - wanted:
             link = self._links.pop(name)
-            ctx.loop.create_task(link.close())
+            if name in failed:
+                link.abort()  # a hung matcher must not hold the routing lock
+            else:
+                ctx.loop.create_task(link.close())
 
     async def _send(self, matcher: str, payload: bytes) -> None:
         link = self._links.get(matcher)

@@ -41,6 +41,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
+from broker.coordination.configuration import Configuration
 from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
 from broker.coordination.scale import report as scale_report
@@ -74,6 +75,7 @@ MAX_BATCH_ENTITIES = 10_000
 SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
 ACCESS_POINT_WAIT = 15.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
+PLACE_AGAIN_CHUNK = 5_000  # subscriptions per request when placing again after a repair
 FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
 LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
 _ROUTE = "/broker.wire.AccessPoint/Route"
@@ -94,6 +96,7 @@ class _Session:
         default_factory=lambda: asyncio.Queue(SESSION_QUEUE)
     )
     subscriptions: dict[str, int] = field(default_factory=dict)  # id -> handle
+    placements: dict[str, wire.Placement] = field(default_factory=dict)  # id -> as placed
     next_number: int = 0
     failure: str = ""
     code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -155,6 +158,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._publishers_moved = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
+        self._placed_under: Configuration | None = None  # the configuration last followed
         self._stopping = False
 
     # -- the role's life ----------------------------------------------------------------
@@ -191,6 +195,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._access_points.on_change(self._choose_access_point)
         self._config = ConfigurationView(context.zk, context.loop)
         self._config.on_change(self._choose_access_point)
+        self._config.on_change(self._follow_repairs)
         self._connection_points = Peers(context.zk, "connection-point", context.loop)
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._follow_scale)
@@ -369,6 +374,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             self._unsubscribe_quietly(list(ack.ids))  # the owners that took theirs undo it
             return pb.SessionAck(request=request, error=ack.error)
         session.subscriptions.update(zip(ids, handles, strict=True))
+        session.placements.update(zip(ids, placements, strict=True))
         return pb.SessionAck(request=request, ids=ids, handles=handles)
 
     async def _unsubscribe(
@@ -386,6 +392,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         if ack.HasField("error") and ack.error.code:
             return pb.SessionAck(request=request, error=ack.error)
         handles = [session.subscriptions.pop(i) for i in ids]
+        for subscription_id in ids:
+            session.placements.pop(subscription_id, None)
         return pb.SessionAck(request=request, ids=ids, handles=handles)
 
     async def _request(self, build: object) -> wire.RequestAck:
@@ -417,6 +425,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         """Unsubscribe everything a finished session held (nobody is listening any more)."""
         ids = list(session.subscriptions)
         session.subscriptions.clear()
+        session.placements.clear()
         self._unsubscribe_quietly(ids)
 
     def _unsubscribe_quietly(self, ids: list[str]) -> None:
@@ -425,6 +434,57 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             return
         batch = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=0, ids=ids))
         asyncio.get_running_loop().create_task(self._link.send(batch.SerializeToString()))
+
+    # -- repairs (docs/failures.md) ---------------------------------------------------------
+
+    def _follow_repairs(self) -> None:
+        """A repair removed matchers: place their subscriptions again, with the new selector.
+
+        Each session keeps what it placed; those the dead matchers owned are sent again
+        (``replace``: placing one twice is harmless), so every subscription has a live owner
+        again once the acknowledgement comes.
+        """
+        current = self._config.current if self._config else None
+        if current is None:
+            return
+        before, self._placed_under = self._placed_under, current
+        if before is None or current.epoch <= before.epoch:
+            return
+        dead = set(before.matchers) - set(current.matchers)
+        if not dead.intersection(current.failed):
+            return  # a scale: the snapshot protocol moves what changes owner
+        orphans = [
+            placement
+            for session in self._sessions.values()
+            for placement, owner in zip(
+                session.placements.values(),
+                before.selector.owners_of(list(session.placements)),
+                strict=True,
+            )
+            if owner in dead
+        ]
+        if orphans:
+            _log.warning(
+                "placing again %d subscriptions of the dead matchers %s", len(orphans), dead
+            )
+            self._spawn(self._place_again(orphans))
+
+    async def _place_again(self, placements: list[wire.Placement]) -> None:
+        for start in range(0, len(placements), PLACE_AGAIN_CHUNK):
+            chunk = placements[start : start + PLACE_AGAIN_CHUNK]
+            try:
+                ack = await self._request(
+                    lambda number, chunk=chunk: wire.Batch(
+                        subscriptions=wire.Subscriptions(
+                            request=number, placements=chunk, replace=True
+                        )
+                    )
+                )
+            except SilboError as exc:
+                ack = wire.RequestAck(error=pb.Error(code="UNAVAILABLE", message=str(exc)))
+            if ack.HasField("error") and ack.error.code:
+                _log.error("placing again %d subscriptions failed: %s", len(chunk), ack.error)
+                self._ctx().metrics.items_out.labels(kind="orphaned_subscription").inc(len(chunk))
 
     # -- deliveries from the exit points ------------------------------------------------
 
@@ -493,6 +553,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             return
         if not alive:
             self._link = self._link_to(target)
+            if link is not None and link.state is LinkState.OPEN:
+                link.abort()  # dead or hung: a publish blocked on it must not wait
         self._check_moved()
 
     def _serving_access_points(self) -> list[Member]:

@@ -23,6 +23,13 @@ Markers from the matchers (docs/protocol.md):
 - a *fence* from a connection point: once every matcher's fence is in and every batch those
   matchers reported before it is delivered, the connection point is told (a ``Handoff``
   marker after those deliveries on its stream).
+
+Failures (docs/failures.md): members a repair removed are in the configuration's
+``failed``. A batch needs the partial results of its epoch's *live* matchers only (the dead
+one's matches for batches in flight are lost with it), and a fence the copies of the live
+ones. The line of a dead access point is closed ``LINE_GRACE`` seconds after its repair
+(what the matchers had of it has reached us by then): its complete batches are delivered,
+the incomplete ones (some matcher never got them) dropped and counted as lost.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ _log = logging.getLogger(__name__)
 
 _DELIVER = "/broker.wire.Delivery/Deliver"
 DRAIN_POLL = 0.01  # seconds between looks at the drained reports while holding a new epoch
+LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
 
 
 @dataclass(eq=False)
@@ -97,6 +105,8 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._cleared: set[int] = set()  # epochs whose batches may go out
         self._clearing: set[int] = set()  # epochs being waited for
         self._drained: set[str] = set()  # the plans this exit point reported drained for
+        self._failed: frozenset[str] = frozenset()  # members repairs removed
+        self._closing: set[str] = set()  # dead access points whose lines close soon
         self._tasks: set[asyncio.Task[None]] = set()
 
     def add_to(self, server: grpc.aio.Server) -> None:
@@ -107,6 +117,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._config = ConfigurationView(context.zk, context.loop)
         self._connection_points = Peers(context.zk, "connection-point", context.loop)
         self._connection_points.on_change(self._sync_links)
+        self._config.on_change(self._follow_failures)
         self._config.on_change(self._release_all)
         self._access_points = Peers(context.zk, "access-point", context.loop)
         self._scale = ScaleView(context.zk, context.loop)
@@ -183,7 +194,42 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         configuration = self._config.history.get(pending.epoch)
         if configuration is None:
             return False  # this epoch's configuration has not reached us yet
-        return pending.reported.issuperset(configuration.matchers)
+        return pending.reported.issuperset(set(configuration.matchers) - self._failed)
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _follow_failures(self) -> None:
+        """A repair removed members: stop waiting for them (see the module doc)."""
+        current = self._config.current if self._config else None
+        if current is None or not current.failed:
+            return
+        self._failed = frozenset(current.failed)
+        for access_point in self._failed.intersection(self._pending) - self._closing:
+            self._closing.add(access_point)
+            self._spawn(self._close_line(access_point))
+
+    async def _close_line(self, access_point: str) -> None:
+        await asyncio.sleep(LINE_GRACE)
+        ctx = self._ctx()
+        async with self._lock:
+            line = self._pending.pop(access_point, {})
+            self._next.pop(access_point, None)
+            lost = 0
+            for first_seq in sorted(line):
+                pending = line[first_seq]
+                if self._complete(pending):
+                    await self._deliver(pending)
+                else:
+                    lost += sum(len(p.items) for p in pending.partials)
+            await self._pass_fences()
+        if line:
+            _log.warning(
+                "closed the line of dead access point %s: %d batches, %d updates with matches lost",
+                access_point,
+                len(line),
+                lost,
+            )
+            ctx.metrics.items_out.labels(kind="lost").inc(lost)
 
     # -- exit-point scales ------------------------------------------------------------------
 
@@ -264,7 +310,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
     async def _pass_fences(self) -> None:
         """Answer the fences whose batches are all delivered (the lock is held)."""
         for key, fence in list(self._fences.items()):
-            if not fence.arrived >= set(fence.body["matchers"]):
+            if not fence.arrived >= set(fence.body["matchers"]) - self._failed:
                 continue
             if any(seq in self._pending.get(ap, {}) for ap, seq in fence.waits):
                 continue

@@ -10,7 +10,10 @@ States::
     NEW --start()--> OPEN --close()--> CLOSED            (queued payloads sent first)
                       |
                       +-- the stream fails --> FAILED    (on_failure called once; payloads
-                                                          still queued are dropped)
+                      |                                   still queued are dropped)
+                      +-- abort() -----------> FAILED    (the peer is dead or fenced: as a
+                                                          failure, and blocked senders are
+                                                          released)
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ SERVER_OPTIONS = (
     ("grpc.http2.max_ping_strikes", 0),
 )
 _CLOSE = object()
-_CLOSING: set[asyncio.Task[None]] = set()  # links being closed in the background
 
 
 class LinkState(enum.Enum):
@@ -133,6 +135,19 @@ class Link:
         if self._channel is not None:
             await self._channel.close()
 
+    def abort(self) -> None:
+        """Give the peer up now (a repair removed it): drop what is queued, release senders
+        blocked on a full queue (their ``send`` returns), cancel the stream."""
+        was_open = self._state is LinkState.OPEN
+        self._state = LinkState.FAILED
+        if self._task is not None:
+            self._task.cancel()
+        while not self._queue.empty():  # each slot freed lets one blocked put through
+            self._queue.get_nowait()
+        self._depth.set(0)
+        if was_open and self._on_failure is not None:
+            self._on_failure(self, ConnectionAbortedError(f"{self.peer} was given up"))
+
     async def _requests(self) -> AsyncIterator[bytes]:
         yield self._hello
         while True:
@@ -185,7 +200,8 @@ def follow_members(
 ) -> None:
     """Keep one open link (answered once, at its end) per live member, keyed by its sequence.
 
-    Opens a link to each member without an open one, and closes the links of members gone.
+    Opens a link to each member without an open one, and gives up (``abort``) the links of
+    members gone.
     """
     for member in members:
         link = links.get(member.sequence)
@@ -202,8 +218,7 @@ def follow_members(
         links[member.sequence] = link
         link.start()
     live = {member.sequence for member in members}
-    loop = asyncio.get_running_loop()
     for sequence in set(links) - live:
-        closing = loop.create_task(links.pop(sequence).close())
-        _CLOSING.add(closing)
-        closing.add_done_callback(_CLOSING.discard)
+        # Gone: it left (it had drained what concerned it) or died, or hangs fenced with a
+        # full queue: a sender blocked on it must not wait for a keepalive to fail.
+        links.pop(sequence).abort()

@@ -10,8 +10,13 @@ The order of a process's life:
 4. serve until SIGTERM or SIGINT; then leave the membership (peers stop sending), stop the
    role (it drains its links), stop the server, close the ZooKeeper session.
 
-kazoo's SUSPENDED and LOST states are logged; the membership recipe re-registers after a
-lost session and the data path (gRPC) never waits on ZooKeeper.
+kazoo's SUSPENDED state is logged and the data path (gRPC) never waits on ZooKeeper. A
+process whose registration is gone, because its session expired (a hang past the session
+timeout, ZooKeeper away too long) or because its member znode was deleted (a repair or a
+supervisor declared it dead: broker.coordination.repair), is *fenced*: the configuration no
+longer counts on it and it may have missed what happened meanwhile, so it stops at once and
+exits with ``EXIT_FENCED`` (75); its supervisor starts a new process, which joins as a new
+member.
 """
 
 from __future__ import annotations
@@ -21,15 +26,17 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from kazoo.client import KazooClient
+from kazoo.recipe.watchers import DataWatch
 
 from broker.coordination.client import ConnectionStateWatcher, connect
-from broker.coordination.membership import Member, Membership
+from broker.coordination.membership import Member, Membership, MembershipState
+from broker.coordination.repair import Repairer
 from broker.errors import SilboError
 from broker.runtime.link import SERVER_OPTIONS
 from broker.runtime.metrics import ProcessMetrics
@@ -106,6 +113,9 @@ class _AdminServicer(wire_grpc.AdminServicer):
         )
 
 
+EXIT_FENCED = 75  # the registration was lost: start again as a new member
+
+
 def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
     """Run a process until SIGTERM or SIGINT; the exit status (0 after a clean stop).
 
@@ -154,18 +164,39 @@ async def serve(
     try:
         address = _bind(server, options)
         metrics_address = metrics.serve(options.metrics_listen) if options.metrics_listen else ""
-        membership = Membership(zk, options.role.value, address, metrics=metrics_address)
+        fenced = asyncio.Event()
+
+        def lost(state: MembershipState) -> None:  # kazoo's thread
+            if state is MembershipState.LOST:
+                loop.call_soon_threadsafe(fenced.set)
+
+        membership = Membership(
+            zk, options.role.value, address, metrics=metrics_address, on_change=lost
+        )
         member = await asyncio.to_thread(membership.register)
+        watch_own = DataWatch(zk, member.path, _gone(loop, fenced))
         admin.member = member
         context = ProcessContext(options, zk, member, metrics, loop)
         await role.start(context)
         await server.start()
+        repairer = Repairer(zk, member.name)
+        repairer.start()
         gc.freeze()  # what start-up built lives as long as the process
         _log.info("%s %s serving on %s", options.role.value, member.name, address)
         if ready is not None:
             ready(member)
-        await stop.wait()
+        await _first(stop.wait(), fenced.wait())
+        if fenced.is_set() and not stop.is_set():
+            _log.error(
+                "%s %s is fenced (its registration is gone): exiting",
+                options.role.value,
+                member.name,
+            )
+            repairer.stop()
+            os._exit(EXIT_FENCED)  # nothing of this process may act any more
         _log.info("%s %s stopping", options.role.value, member.name)
+        del watch_own
+        repairer.stop()
         await asyncio.to_thread(membership.leave)
         await role.stop()
         await server.stop(grace=2.0)
@@ -173,6 +204,27 @@ async def serve(
         watcher.close()
         await asyncio.to_thread(_close, zk)
     return 0
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
+
+
+def _gone(
+    loop: asyncio.AbstractEventLoop, fenced: asyncio.Event
+) -> Callable[[bytes | None, object], bool]:
+    """A DataWatch callback setting ``fenced`` once the watched znode is deleted."""
+
+    def changed(data: bytes | None, _stat: object) -> bool:
+        if data is None:
+            loop.call_soon_threadsafe(fenced.set)
+            return False
+        return True
+
+    return changed
 
 
 def _bind(server: grpc.aio.Server, options: ProcessOptions) -> str:

@@ -145,6 +145,8 @@ def test_detached_up_through_a_pipe_returns_and_down_leaves_nothing(place: Place
     assert description is not None and description["status"] == "running"
     pids = cluster_pids(description)
     assert len(pids) == 6 and all(running(p) for p in pids)  # 5 broker processes + ZooKeeper
+    supervisor = description["supervisor"]
+    assert running(supervisor) and not description["detached"]  # the daemon supervises
     assert f"cluster {place.name} is up" in piped.stdout
     assert description["zookeeper"]["address"] in piped.stdout
     assert description["endpoints"][0] in piped.stdout
@@ -152,14 +154,16 @@ def test_detached_up_through_a_pipe_returns_and_down_leaves_nothing(place: Place
 
     again = subprocess.run(place.up_args("--detach"), capture_output=True, text=True, timeout=60)
     assert again.returncode == 2
-    assert "already running" in again.stderr and "silbo down" in again.stderr
+    # the supervisor daemon holds the state dir's lock
+    assert "already starting or running" in again.stderr and "silbo down" in again.stderr
     assert place.description() == description  # the running cluster is untouched
 
     stopped = subprocess.run(
         [*DOWN, "--state-dir", str(place.state_dir)], capture_output=True, text=True, timeout=60
     )
     assert stopped.returncode == 0, stopped.stderr
-    assert f"stopped cluster {place.name} (6 processes)" in stopped.stdout
+    # 5 broker processes, ZooKeeper and the supervisor (the daemon `up --detach` started)
+    assert f"stopped cluster {place.name} (7 processes)" in stopped.stdout
     assert_nothing_left(place, pids, within=0.0)  # down returns only once all are gone
     assert place.description() is None
 
@@ -247,24 +251,43 @@ def test_a_killed_foreground_up_takes_its_processes_with_it(place: Place, tmp_pa
     assert place.description() is None
 
 
-def test_a_foreground_up_reports_a_dead_process_and_stops(
+def test_a_foreground_up_restarts_a_dead_process_and_stops_everything_after(
     place: Place, tmp_path: Path, zookeeper: EmbeddedZooKeeper
 ) -> None:
     process = start_foreground(place, tmp_path, "--zk", zookeeper.address)
     try:
         description = wait_running(place, process)
-        pids = cluster_pids(description)
         matcher = next(p for p in description["processes"] if p["role"] == "matcher")
         os.kill(matcher["pid"], signal.SIGKILL)
-        assert process.wait(timeout=60) == 1
+
+        def replaced() -> dict[str, Any] | None:
+            now = place.description() or {}
+            return next(
+                (
+                    p
+                    for p in now.get("processes", [])
+                    if p["log"] == matcher["log"] and p["pid"] != matcher["pid"] and p["name"]
+                ),
+                None,
+            )
+
+        deadline = time.monotonic() + 60
+        while (new := replaced()) is None and time.monotonic() < deadline:
+            assert process.poll() is None, (tmp_path / "up.err").read_text()
+            time.sleep(0.1)
+        assert new is not None, "the dead matcher was not restarted"
+        assert new["restarts"] == 1 and running(new["pid"])
+        pids = cluster_pids(place.description() or {})
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
     err = (tmp_path / "up.err").read_text()
     assert f"matcher (pid {matcher['pid']}) exited with -9 (log: {matcher['log']})" in err
-    assert "no longer whole" in err
-    assert_nothing_left(place, pids, within=0.0)
+    assert f"matcher restarted (pid {new['pid']}, restart 1)" in err
+    assert_nothing_left(place, pids)
     assert place.description() is None
     assert zookeeper.state.value == "running" and running(zookeeper.pid or 0)  # not ours
 

@@ -35,6 +35,7 @@ def test_create_then_read(client: KazooClient) -> None:
         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
         "exit_points": ["e1"],
         "access_points": [],
+        "failed": [],
     }
     with pytest.raises(ConfigurationConflict, match="already"):
         config.create(Configuration.of(1, ["m3"]))

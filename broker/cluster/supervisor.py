@@ -1,0 +1,277 @@
+"""The supervisor of ``silbo up``: a dead process is restarted and its layer made whole again.
+
+Every ``CHECK_INTERVAL`` seconds :meth:`Supervisor.check` looks at each process cluster.json
+names (the ones ``silbo up`` started and the ones ``silbo admin scale`` added) and at the
+embedded ZooKeeper:
+
+1. **a process is gone** (exited, killed, or fenced: exit status 75): its member znode is
+   deleted at once (:func:`broker.coordination.repair.declare_dead`) and the configuration
+   repaired from here (:func:`~broker.coordination.repair.repair_once`: in milliseconds,
+   not after a session timeout, even when the dead process was the elected repairer), and
+   a new process
+   is started in its slot (same role, number, port and log) after a backoff: 0.5 s, doubled
+   for each restart of the same slot within ``STABLE`` seconds, at most 30 s;
+2. **the replacement registered**: cluster.json gets its name and address; if its layer is
+   one the configuration names (matchers, exit points, access points) and serves fewer
+   processes than the layer's size (STATE_DIR/layout.json: the size ``up`` or the last
+   ``admin scale`` gave it), a scale takes it in (for matchers the snapshot protocol moves
+   its share of the subscriptions to it). Scales run one at a time in a thread; one that
+   does not complete is tried again at the next check;
+3. **the embedded ZooKeeper is gone**: it is started again on the same port and data
+   directory; clients reconnect, and sessions still within their timeout go on.
+
+Every event is one line on ``out`` (stderr of ``silbo up``) and a count in cluster.json
+(``restarts`` per process) that ``silbo admin status`` shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+from kazoo.client import KazooClient
+
+from broker.cluster.durable import read_layout
+from broker.cluster.local import (
+    LocalCluster,
+    _same_process,
+    _start_time,
+    read_cluster,
+    update_description,
+)
+from broker.coordination.client import connect
+from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.membership import members
+from broker.coordination.repair import declare_dead, repair_once
+from broker.coordination.scaling import scale_layer, serving
+from broker.errors import SilboError
+from broker.runtime.options import Role
+
+__all__ = ["CHECK_INTERVAL", "Supervisor"]
+
+_log = logging.getLogger(__name__)
+
+CHECK_INTERVAL = 0.2  # seconds between two looks at the processes
+FIRST_BACKOFF = 0.5  # seconds before the first restart of a slot
+MAX_BACKOFF = 30.0
+STABLE = 60.0  # a process that ran this long resets its slot's backoff
+SCALE_TIMEOUT = 60.0
+_LAYER_OF = {
+    Role.MATCHER: "matchers",
+    Role.EXIT_POINT: "exit-points",
+    Role.ACCESS_POINT: "access-points",
+}
+_SLOT = re.compile(r"-(\d+)\.log$")
+
+
+@dataclass
+class _Slot:
+    """One place of a layer (``role``, ``number``) and its restarts."""
+
+    role: Role
+    number: int
+    restarts: int = 0
+    streak: int = 0  # restarts since the slot last ran STABLE seconds
+    due: float | None = None  # when the pending restart starts
+    started: float = 0.0
+
+
+class Supervisor:
+    """Keeps the processes of a foreground ``silbo up`` running (see the module doc)."""
+
+    def __init__(self, cluster: LocalCluster, *, out: IO[str]) -> None:
+        self._cluster = cluster
+        self._state_dir = cluster.state_dir
+        self._out = out
+        self._slots: dict[tuple[str, int], _Slot] = {}
+        self._client: KazooClient | None = None
+        self._scaling: threading.Thread | None = None
+        self._next_scale = 0.0
+
+    def close(self) -> None:
+        """Stop using ZooKeeper (a scale under way finishes in its thread)."""
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.stop()
+                self._client.close()
+            self._client = None
+
+    def check(self) -> None:
+        """One look at everything; restarts and scales what needs it (never raises for a
+        ZooKeeper that is away: the next check tries again)."""
+        status = self._cluster.zookeeper_exited()
+        if status is not None:
+            self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
+            self._cluster.restart_zookeeper()
+            self._say("the embedded ZooKeeper serves again")
+        description = read_cluster(self._state_dir)
+        if description is None:
+            return
+        try:
+            for entry in description.get("processes") or []:
+                self._check_process(entry)
+            self._restart_due()
+            self._learn_names(description)
+            self._restore_sizes()
+        except SilboError as exc:
+            _log.warning("supervisor check failed (%s); trying again", exc)
+
+    # -- dead processes -----------------------------------------------------------------
+
+    def _check_process(self, entry: dict[str, Any]) -> None:
+        pid = int(entry.get("pid") or 0)
+        slot = self._slot(entry)
+        if slot is None or slot.due is not None:
+            return
+        child = self._cluster.child(pid)
+        if child is not None:
+            status = child.poll()
+            if status is None:
+                if slot.started and time.monotonic() - slot.started > STABLE:
+                    slot.streak = 0
+                return
+            how = f"exited with {status}"
+        elif _same_process(pid, entry.get("start_time"), "broker.cli run"):
+            return
+        else:
+            how = "is gone"
+        name = entry.get("name")
+        if name:
+            with contextlib.suppress(SilboError):
+                declare_dead(self._zk(), slot.role.value, name)
+                # The elected repairer may be the dead one (its election znode lasts as long
+                # as its session): repair from here too; a compare-and-set, so no race.
+                repair_once(self._zk())
+        delay = min(MAX_BACKOFF, FIRST_BACKOFF * 2**slot.streak)
+        slot.due = time.monotonic() + delay
+        self._say(
+            f"{slot.role.value} (pid {pid}) {how} (log: {entry.get('log')}); "
+            f"restarting it in {delay:g} s"
+        )
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots.values():
+            if slot.due is None or slot.due > now:
+                continue
+            slot.due = None
+            slot.restarts += 1
+            slot.streak += 1
+            slot.started = now
+            process = self._cluster.replace(slot.role, slot.number)
+            log = str(self._state_dir / "logs" / f"{slot.role.value}-{slot.number}.log")
+            fresh = {
+                "role": slot.role.value,
+                "name": None,
+                "pid": process.pid,
+                "start_time": _start_time(process.pid),
+                "address": None,
+                "metrics": None,
+                "log": log,
+                "restarts": slot.restarts,
+            }
+
+            def swap(description: dict[str, Any], fresh: dict[str, Any] = fresh) -> None:
+                processes = description.get("processes") or []
+                description["processes"] = [p for p in processes if p.get("log") != fresh["log"]]
+                description["processes"].append(fresh)
+
+            update_description(self._state_dir, swap)
+            self._say(f"{slot.role.value} restarted (pid {process.pid}, restart {slot.restarts})")
+
+    def _learn_names(self, description: dict[str, Any]) -> None:
+        unnamed = [p for p in description.get("processes") or [] if not p.get("name")]
+        if not unnamed:
+            return
+        by_pid = {m.pid: m for m in members(self._zk())}
+        found = {int(p["pid"]): by_pid[int(p["pid"])] for p in unnamed if p["pid"] in by_pid}
+        if not found:
+            return
+
+        def name(description: dict[str, Any]) -> None:
+            for entry in description.get("processes") or []:
+                member = found.get(int(entry.get("pid") or 0))
+                if member is not None and not entry.get("name"):
+                    entry.update(name=member.name, address=member.address, metrics=member.metrics)
+
+        update_description(self._state_dir, name)
+
+    # -- layers back to their size --------------------------------------------------------
+
+    def _restore_sizes(self) -> None:
+        if self._scaling is not None and self._scaling.is_alive():
+            return
+        if time.monotonic() < self._next_scale:
+            return
+        client = self._zk()
+        current = ClusterConfiguration(client).read()
+        if current is None:
+            return
+        configuration = current.configuration
+        layout = read_layout(self._state_dir)
+        ours = {
+            p.get("name")
+            for p in (read_cluster(self._state_dir) or {}).get("processes") or []
+            if p.get("name")
+        }
+        for role, layer in _LAYER_OF.items():
+            named = getattr(configuration, layer.replace("-", "_"))
+            if role is not Role.MATCHER and not named:
+                continue  # "every live one": a replacement serves as soon as it registers
+            live = {m.name for m in members(client, role.value)}
+            if set(named) - live:
+                return  # a dead member is still named: the repair comes first
+            now = serving(client, configuration, layer)
+            wanted = layout.get(layer.replace("-", "_"), len(now))
+            idle = [m for m in sorted(live - set(now)) if m in ours]
+            if len(now) < wanted and idle:
+                names = now + idle[: wanted - len(now)]
+                self._scaling = threading.Thread(
+                    target=self._scale, args=(layer, names), name="restore", daemon=True
+                )
+                self._scaling.start()
+                return
+
+    def _scale(self, layer: str, names: list[str]) -> None:
+        self._say(f"scaling {layer} back to {len(names)}")
+        try:
+            outcome = scale_layer(self._zk(), layer, names, timeout=SCALE_TIMEOUT)
+        except SilboError as exc:
+            self._say(f"scaling {layer} back failed: {exc}; trying again")
+            self._next_scale = time.monotonic() + 2.0
+            return
+        self._say(f"scaling {layer} back to {len(names)}: {outcome.outcome} {outcome.message}")
+        if outcome.outcome != "completed":
+            self._next_scale = time.monotonic() + 2.0
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _slot(self, entry: dict[str, Any]) -> _Slot | None:
+        found = _SLOT.search(str(entry.get("log") or ""))
+        try:
+            role = Role(str(entry.get("role")))
+        except ValueError:
+            return None
+        if found is None:
+            return None
+        key = (role.value, int(found.group(1)))
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot(role, key[1], restarts=int(entry.get("restarts") or 0))
+        return slot
+
+    def _zk(self) -> KazooClient:
+        if self._client is None:
+            self._client = connect(
+                self._cluster.zk_address, cluster=self._cluster.spec.cluster, timeout=10.0
+            )
+        return self._client
+
+    def _say(self, line: str) -> None:
+        print(f"silbo up: {line}", file=self._out, flush=True)
+        _log.info("%s", line)
