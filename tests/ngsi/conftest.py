@@ -70,11 +70,15 @@ class Answer:
 
 
 class Receiver:
-    """An HTTP notification receiver on loopback, in a thread; records every request."""
+    """An HTTP notification receiver on loopback, in a thread; records every request (and
+    when it came). ``script`` is answered first, one entry per request in order: (status,
+    headers, seconds to wait before answering); then every request gets ``status``."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.status = 200
+        self.script: list[tuple[int, dict[str, str], float]] = []
+        self.times: list[float] = []  # time.monotonic() of each request
         self._got: list[Notification] = []
         self._changed = threading.Condition()
         self._loop = asyncio.new_event_loop()
@@ -137,8 +141,12 @@ class Receiver:
         )
         with self._changed:
             self._got.append(got)
+            self.times.append(time.monotonic())
             self._changed.notify_all()
-        return web.Response(status=self.status)
+            status, headers, delay = self.script.pop(0) if self.script else (self.status, {}, 0)
+        if delay:
+            await asyncio.sleep(delay)
+        return web.Response(status=status, headers=headers)
 
 
 class Front:
