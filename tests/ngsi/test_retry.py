@@ -8,12 +8,14 @@ import asyncio
 import random
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from email.utils import formatdate
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration, Change, with_change
@@ -23,6 +25,7 @@ from broker.ngsi.http_client import retry_after
 from broker.ngsi.notifier import Notifier
 from broker.ngsi.retry import ID_HEADER, Backoff, NotificationIds, retried, window_problem
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
+from broker.runtime.options import Role
 from ngsi.conftest import Front, Notification, Receiver, free_port, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
 
@@ -210,14 +213,32 @@ def test_an_answer_past_the_timeout_is_sent_again_with_the_same_id(
     assert list(dict.fromkeys(ids)) == [ids[0], ids[2]]
 
 
+def _outcomes(front: Front) -> dict[str, float]:
+    """The connection point's silbo_http_notifications_total, by outcome."""
+    assert front.cluster is not None
+    [member] = front.cluster.members_of(Role.CONNECTION_POINT)
+    with urllib.request.urlopen(f"http://{member.metrics}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "silbo_http_notifications_total"
+    }
+
+
 def test_down_past_the_window_is_given_up_and_counted(front: Front, receiver: Receiver) -> None:
     receiver.stop()
+    before = _outcomes(front)
     h, sid = _setup(front, receiver, 1, maxFailsLimit=5)
     for value in range(2):
         publish(front, h, {"id": "E", "x": {"value": value}})
     wait_until(
         lambda: get(front, h, sid)["notification"].get("failsCounter") == 2, "two given up", 10
     )
+    after = _outcomes(front)
+    assert after["gave_up"] - before.get("gave_up", 0) == 2  # the only give-ups of the module
+    assert after["retried"] - before.get("retried", 0) >= 2
     status = get(front, h, sid)["notification"]
     assert status["lastFailureReason"] == "Couldn't connect to server"
     assert get(front, h, sid)["status"] == "active"
