@@ -58,7 +58,7 @@ from broker.model.subscription import AttrsFormat
 from broker.ngsi.change import Change, read_change
 from broker.ngsi.entity import Attributes, from_wire, render
 from broker.ngsi.http_client import HttpClient, Target, TransportError
-from broker.ngsi.retry import DEFAULT_WINDOW, Backoff, NotificationIds, retried
+from broker.ngsi.retry import DEFAULT_WINDOW, ID_HEADER, Backoff, NotificationIds, retried
 from broker.wire import client_pb2 as pb
 
 __all__ = ["QUEUE_FULL", "Backlog", "Config", "main"]
@@ -78,7 +78,14 @@ _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
 # Headers the worker sets itself on every request (a subscription's own are left out).
 _OWN_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "fiware-servicepath", "fiware-correlator"}
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "fiware-servicepath",
+        "fiware-correlator",
+        ID_HEADER.lower(),
+    }
 )
 
 

@@ -4,9 +4,9 @@ A notification is retried while its subscription's retry window (seconds from it
 attempt) lasts: after a transport error (refused, reset, no answer in time) and after an
 answer of 408, 429 or 5xx; any other answer ends it (a 4xx is the receiver's answer, a success
 as Orion counts it). The wait before the next attempt is the answer's ``Retry-After`` when it
-has one (429, 503), otherwise exponential backoff with full jitter: uniform between 0 and
-``min(cap, first * 2 ** attempt)``. A retry that could not start within the window is not
-made: the notification is given up.
+has one (429, 503) and it is longer, otherwise exponential backoff with full jitter: uniform
+between 0 and ``min(cap, first * 2 ** (attempt - 1))``. A retry that could not start within
+the window is not made: the notification is given up.
 
 Every notification carries :data:`ID_HEADER`, the same on each of its attempts and unique
 among notifications (a random prefix per worker and a count), so that a receiver can drop a
@@ -58,10 +58,11 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds to wait after the ``attempt``-th failed attempt (from 1)."""
-        if retry_after is not None:
-            return retry_after
-        return self.rng.uniform(0.0, min(self.cap, self.first * 2 ** min(attempt - 1, 30)))
+        """Seconds to wait after the ``attempt``-th failed attempt (from 1): never less than
+        ``retry_after`` (an answer's Retry-After), and the backoff still grows under a
+        ``Retry-After: 0``."""
+        jittered = self.rng.uniform(0.0, min(self.cap, self.first * 2 ** min(attempt - 1, 30)))
+        return jittered if retry_after is None else max(retry_after, jittered)
 
 
 class NotificationIds:

@@ -23,8 +23,18 @@ from aiohttp import web
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.ngsi.allow import AllowList
+from broker.ngsi.subscriptions import HttpSubscription, parse_document
 
-__all__ = ["Answer", "Front", "Notification", "Receiver", "free_port", "tenant"]
+__all__ = [
+    "Answer",
+    "Front",
+    "Notification",
+    "Receiver",
+    "free_port",
+    "plain_subscription",
+    "tenant",
+]
 
 WAIT = 20.0  # seconds for a notification to arrive
 
@@ -40,6 +50,16 @@ def free_port() -> int:
 def tenant() -> str:
     """A fresh tenant: what keeps the tests sharing a cluster apart."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+def plain_subscription(sid: str, url: str) -> HttpSubscription:
+    """An HTTP subscription to ``url`` of every entity, as the front keeps it (for tests of
+    the notifier alone)."""
+    parsed = parse_document(
+        {"subject": {"entities": [{"idPattern": ".*"}]}, "notification": {"http": {"url": url}}},
+        AllowList.parse(),
+    )
+    return HttpSubscription(sid, "", "/#", parsed)
 
 
 @dataclass(frozen=True, slots=True)

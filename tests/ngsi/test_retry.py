@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration, Change, with_change
+from broker.ngsi.delivery import _target
 from broker.ngsi.entity import to_wire
 from broker.ngsi.front import delivery_config
 from broker.ngsi.http_client import retry_after
@@ -26,7 +27,7 @@ from broker.ngsi.notifier import Notifier
 from broker.ngsi.retry import ID_HEADER, Backoff, NotificationIds, retried, window_problem
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
 from broker.runtime.options import Role
-from ngsi.conftest import Front, Notification, Receiver, free_port, tenant
+from ngsi.conftest import Front, Notification, Receiver, free_port, plain_subscription, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
 
 
@@ -52,6 +53,8 @@ def test_backoff_is_full_jitter_under_a_doubling_capped_bound_unless_retry_after
         assert all(0 <= w <= bound for w in waits)
         assert max(waits) > bound * 0.8 and min(waits) < bound * 0.2  # spread over it all
     assert backoff.delay(3, 4.0) == 4.0
+    after_zero = [backoff.delay(5, 0.0) for _ in range(200)]  # Retry-After: 0 backs off still
+    assert all(0 <= w <= 1.0 for w in after_zero) and max(after_zero) > 0.8
 
 
 def test_retry_after_is_seconds_or_an_http_date() -> None:
@@ -273,7 +276,7 @@ def test_the_worker_counts_retries_give_ups_and_overflow_as_failures() -> None:
         notifier = Notifier(queue_limit=2, retry_window=0.5, count=count)
         await notifier.start()
         try:
-            down = _subscription("d" * 24, f"http://127.0.0.1:{free_port()}/n")
+            down = plain_subscription("d" * 24, f"http://127.0.0.1:{free_port()}/n")
             notifier.configure(down, delivery_config(down.parsed), fails=None)
             change = Change(Alteration.CHANGE, frozenset({"x"}))
             entities = [with_change(to_wire("E", "T", "", "/", {}), change).SerializeToString()]
@@ -294,9 +297,13 @@ def test_the_worker_counts_retries_give_ups_and_overflow_as_failures() -> None:
     assert down.last_failure_reason == "Couldn't connect to server"  # the last to end
 
 
-def _subscription(sid: str, url: str) -> HttpSubscription:
-    parsed = parse_document(
-        {"subject": {"entities": [{"idPattern": ".*"}]}, "notification": {"http": {"url": url}}},
-        AllowList.parse(),
-    )
-    return HttpSubscription(sid, "", "/#", parsed)
+def test_a_subscription_cannot_set_the_notification_id_header() -> None:
+    url = f"http://127.0.0.1:{free_port()}/n"
+    document = {
+        "subject": {"entities": [{"idPattern": ".*"}]},
+        "notification": {"httpCustom": {"url": url, "headers": {ID_HEADER: "mine", "X-A": "b"}}},
+    }
+    target, _service = _target(delivery_config(parse_document(document, AllowList.parse())))
+    assert target is not None
+    head = target.head(b"", 0).lower()
+    assert b"x-a: b" in head and ID_HEADER.lower().encode() not in head
