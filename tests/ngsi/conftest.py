@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = [
     "Receiver",
     "free_port",
     "plain_subscription",
+    "started_front",
     "tenant",
 ]
 
@@ -221,18 +223,23 @@ class Front:
             connection.close()
 
 
-@pytest.fixture(scope="module")
-def front(
-    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def started_front(
+    zookeeper: EmbeddedZooKeeper,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    **fields: Any,
 ) -> Iterator[Front]:
-    """One cluster for the module, its connection point serving HTTP on a free port."""
-    name = f"ngsi-{uuid.uuid4().hex[:10]}"
+    """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), its connection point
+    serving HTTP on a free port; stopped on leaving."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
         zk=zookeeper.address,
         cluster=name,
         grpc_port=0,
         http_port=free_port(),
         state_dir=Path(tmp_path_factory.mktemp(name)),
+        **fields,
     )
     cluster = LocalCluster(spec)
     try:
@@ -242,6 +249,15 @@ def front(
         yield served
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """One cluster for the module, its connection point serving HTTP on a free port."""
+    with started_front(zookeeper, tmp_path_factory, "ngsi") as served:
+        yield served
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration, Change, with_change
 from broker.ngsi.delivery import _target
@@ -27,8 +28,28 @@ from broker.ngsi.notifier import Notifier
 from broker.ngsi.retry import ID_HEADER, Backoff, NotificationIds, retried, window_problem
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
 from broker.runtime.options import Role
-from ngsi.conftest import Front, Notification, Receiver, free_port, plain_subscription, tenant
+from ngsi.conftest import (
+    Front,
+    Notification,
+    Receiver,
+    free_port,
+    plain_subscription,
+    started_front,
+    tenant,
+)
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
+
+WINDOW = 5.0  # seconds: the cluster's --retry-window in this module
+
+
+@pytest.fixture(scope="module")
+def front(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """A front whose notifications are retried for WINDOW seconds unless a subscription
+    says otherwise."""
+    with started_front(zookeeper, tmp_path_factory, "retry", retry_window=WINDOW) as served:
+        yield served
 
 
 def test_what_is_retried_and_how_long_a_window_may_be() -> None:
@@ -149,14 +170,14 @@ def test_refused_for_2_s_then_accepted_delivers_all_in_order(
         for value in range(5):
             publish(front, h, {"id": "E", "x": {"value": value}})
             publish(front, h2, {"id": "E", "x": {"value": value}})
-        other.wait_for(5)
-        assert time.monotonic() - started < 2.0
+        # all while the first receiver is still down (its window is 30 s)
+        assert _values(other.wait_for(5)) == [0, 1, 2, 3, 4]
     finally:
         other.close()
     time.sleep(max(0.0, 2.0 - (time.monotonic() - started)))
     receiver.start()
-    got = receiver.wait_for(5)
-    time.sleep(0.5)
+    receiver.wait_for(5)
+    time.sleep(0.5)  # no more than one request each
     got = receiver.received()
     assert _values(got) == [0, 1, 2, 3, 4] and len(set(_ids(got))) == 5
     wait_until(lambda: get(front, h, sid)["notification"].get("lastSuccessCode") == 200, "200")
@@ -249,6 +270,18 @@ def test_down_past_the_window_is_given_up_and_counted(front: Front, receiver: Re
     publish(front, h, {"id": "E", "x": {"value": 9}})
     assert _values(receiver.wait_for(1)) == [9]  # the two given up are not sent any more
     wait_until(lambda: "failsCounter" not in get(front, h, sid)["notification"], "reset")
+
+
+def test_the_clusters_window_is_a_subscriptions_default(front: Front, receiver: Receiver) -> None:
+    receiver.stop()
+    h = {"Fiware-Service": tenant()}
+    sid = subscribe(front, h, http_subscription(receiver.url()))
+    assert "retryWindow" not in get(front, h, sid)["notification"]
+    started = time.monotonic()
+    publish(front, h, {"id": "E", "x": {"value": 1}})
+    wait_until(lambda: get(front, h, sid)["notification"].get("failsCounter") == 1, "given up")
+    # given up once a retry would start past WINDOW s (60 s without --retry-window)
+    assert time.monotonic() - started <= WINDOW + 3.0
 
 
 def test_retry_window_is_validated_and_shown(front: Front, receiver: Receiver) -> None:
