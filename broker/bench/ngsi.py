@@ -1,7 +1,8 @@
 """``silbo bench ngsi``: updates/s taken over NGSI v2 HTTP and notifications/s sent by HTTP.
 
     silbo bench ngsi [--subscriptions 10000] [--duration 20] [--clients 16] [--batch 1]
-                     [--runs 1] [--drain 20] [--state-dir DIR] [--zk HOST:PORT] [--json]
+                     [--rate 0] [--receiver-faults 0] [--runs 1] [--drain 20]
+                     [--state-dir DIR] [--zk HOST:PORT] [--json]
 
 One run:
 
@@ -10,7 +11,9 @@ One run:
    (``silbo up --http-port``), and a notification receiver in a process of its own
    (a bare HTTP/1.1 server on asyncio, one URL per subscription: ``/n/<position>``), which
    counts requests and their data entities and keeps, per notification, (subscription,
-   request, station);
+   request, station); with ``--receiver-faults F`` it does not take a share F of the
+   notification requests (chosen at random), answering them 503 or resetting the
+   connection, alternately (a flaky receiver: what the front's retries are for);
 2. creates the W-IoT stations as entities (``POST /v2/op/update``, no subscription yet),
    then ``--subscriptions`` W-IoT subscriptions over HTTP (``POST /v2/subscriptions``:
    ``idPattern`` or ``id``, ``type``, ``q``, ``Fiware-ServicePath`` as the scope, no
@@ -18,12 +21,13 @@ One run:
 3. for ``--duration`` seconds, ``--clients`` concurrent publishers (one keep-alive
    connection each, one request in flight each, on the delivery worker's lean HTTP client
    :class:`broker.ngsi.http_client.HttpClient`, so that they take little of the machine)
-   send W-IoT readings as fast as they are answered: with ``--batch 1`` one ``POST
-   /v2/entities/{id}/attrs`` per reading (what IoT agents mostly send), otherwise ``POST
-   /v2/op/update`` (``append``) of ``--batch`` readings of one district (one service path
-   per request, as Orion wants; a district has about 48 stations, so a batch of 100 carries
-   most of its stations twice); each client owns whole districts (at most 21 clients), so
-   each station's readings go out in order and its state at the front is known;
+   send W-IoT readings as fast as they are answered (or ``--rate`` readings/s in all): with
+   ``--batch 1`` one ``POST /v2/entities/{id}/attrs`` per reading (what IoT agents mostly
+   send), otherwise ``POST /v2/op/update`` (``append``) of ``--batch`` readings of one
+   district (one service path per request, as Orion wants; a district has about 48 stations,
+   so a batch of 100 carries most of its stations twice); each client owns whole districts
+   (at most 21 clients), so each station's readings go out in order and its state at the
+   front is known;
 4. waits at most ``--drain`` seconds for the notifications still queued, then checks them.
 
 The check: the bench replays what each client had accepted through the front's own cache
@@ -52,6 +56,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import socket
 import statistics
 import sys
@@ -146,6 +151,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="readings per request: 1 = POST /v2/entities/{id}/attrs, more = POST /v2/op/update",
     )
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="readings/s in all (default 0: as fast as answered)"
+    )
+    parser.add_argument(
+        "--receiver-faults",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of notification requests the receiver does not take: answered 503 or the "
+        "connection reset, alternately (0 to 1; default 0)",
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs (medians reported)")
     parser.add_argument(
         "--drain", type=float, default=20.0, help="seconds to wait for queued notifications"
@@ -161,10 +177,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; prints the report (exit 1 if a notification was unexpected)."""
-    if not 1 <= args.clients <= MAX_CLIENTS or args.batch < 1 or args.subscriptions < 1:
+    if (
+        not 1 <= args.clients <= MAX_CLIENTS
+        or args.batch < 1
+        or args.subscriptions < 1
+        or args.rate < 0
+        or not 0 <= args.receiver_faults < 1
+    ):
         print(
             f"silbo bench ngsi: error: --clients must be 1 to {MAX_CLIENTS} (one W-IoT district "
-            "or more each), --batch and --subscriptions at least 1",
+            "or more each), --batch and --subscriptions at least 1, --rate at least 0, "
+            "--receiver-faults from 0 to below 1",
             file=sys.stderr,
         )
         return 2
@@ -199,7 +222,7 @@ def run_once(args: argparse.Namespace) -> NgsiReport:
         cluster = LocalCluster(spec)
         described = cluster.start()
         address, processes = described["http_endpoints"][0], described["processes"]
-    receiver = _ReceiverProcess()
+    receiver = _ReceiverProcess(args.receiver_faults, args.seed)
     pids = {f"{p['role']}-{i}": int(p["pid"]) for i, p in enumerate(processes) if p.get("pid")}
     pids.update(_children(pids))
     pids["receiver"] = receiver.pid
@@ -387,6 +410,9 @@ async def _publish(
         try:
             i = 0
             while time.perf_counter() < end:
+                if args.rate:  # this client's share of --rate readings/s
+                    due = started + tally.updates * len(streams) / args.rate
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
                 request = stream[i % len(stream)]
                 target = targets.get((request.path, request.service_path))
                 if target is None:
@@ -578,15 +604,21 @@ def _compare(expected: npt.NDArray[np.int64], received: npt.NDArray[np.int64]) -
 # -- the notification receiver --------------------------------------------------------------
 
 
+_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+_RESET = b""  # the receiver's answer to reset the connection instead
+
+
 class _ReceiverProcess:
     """The notification receiver, in a process of its own (so it takes no publisher's CPU)."""
 
-    def __init__(self) -> None:
+    def __init__(self, faults: float = 0.0, seed: int = 1) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.mkdtemp(prefix="silbo-ngsi-receiver-")
         context = multiprocessing.get_context("spawn")
-        self._process = context.Process(target=_receive, args=(self.port,), daemon=True)
+        self._process = context.Process(
+            target=_receive, args=(self.port, faults, seed), daemon=True
+        )
         self._process.start()
         self.pid = self._process.pid or 0
 
@@ -621,11 +653,13 @@ class _ReceiverProcess:
         self._process.join(10)
 
 
-def _receive(port: int) -> None:
+def _receive(port: int, faults: float = 0.0, seed: int = 1) -> None:
     """The receiver process: serve until terminated (a bare HTTP/1.1 server on asyncio, so
-    that taking a notification costs it little of the machine the front runs on)."""
+    that taking a notification costs it little of the machine the front runs on); a share
+    ``faults`` of the notification requests is not taken (503, or the connection reset)."""
     keys: list[int] = []
-    counts = {"posts": 0, "entities": 0, "other": 0}
+    counts = {"posts": 0, "entities": 0, "other": 0, "faults": 0}
+    chance = random.Random(seed)
 
     def notification(path: bytes, correlator: bytes, body: bytes) -> None:
         data = json.loads(body).get("data", [])
@@ -642,6 +676,9 @@ def _receive(port: int) -> None:
     def answer(method: bytes, target: bytes, correlator: bytes, body: bytes) -> bytes:
         path, _, query = target.partition(b"?")
         if method == b"POST" and path.startswith(b"/n/"):
+            if faults and chance.random() < faults:
+                counts["faults"] += 1
+                return _RESET if counts["faults"] % 2 else _UNAVAILABLE
             notification(path, correlator, body)
             return b"HTTP/1.1 204 No Content\r\n\r\n"
         if path == b"/_counts":
@@ -682,7 +719,13 @@ def _receive(port: int) -> None:
                 body = bytes(buffer[end + 4 : end + 4 + length])
                 del buffer[: end + 4 + length]
                 method, target, _version = lines[0].split(b" ", 2)
-                out.append(answer(method, target, correlator, body))
+                answered = answer(method, target, correlator, body)
+                if not answered:  # _RESET
+                    buffer.clear()
+                    if self.transport is not None:
+                        self.transport.abort()
+                    return
+                out.append(answered)
             if out and self.transport is not None:
                 self.transport.write(b"".join(out))
 

@@ -66,6 +66,7 @@ from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, sto
 from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
 from broker.errors import InvalidInput, SilboError
+from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 
 __all__ = [
@@ -124,6 +125,7 @@ class ClusterSpec:
     notify_allow: tuple[str, ...] = ()  # --notify-allow of every connection point
     status_flush: float = 10.0  # --status-flush of every connection point
     http_read_timeout: float = 30.0  # --http-read-timeout of every connection point
+    retry_window: float = DEFAULT_WINDOW  # --retry-window of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
@@ -159,6 +161,8 @@ class ClusterSpec:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
         if not self.http_read_timeout > 0:
             problems.append(f"--http-read-timeout must be positive, not {self.http_read_timeout}")
+        if (problem := window_problem(self.retry_window, "--retry-window")) is not None:
+            problems.append(problem)
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
         if self.zk is not None and not self.zk.strip():
@@ -522,6 +526,7 @@ class LocalCluster:
             *("--http-listen", f"{HOST}:{http}"),
             *("--status-flush", str(self.spec.status_flush)),
             *("--http-read-timeout", str(self.spec.http_read_timeout)),
+            *("--retry-window", str(self.spec.retry_window)),
         ]
         for entry in self.spec.notify_allow:
             extra += ["--notify-allow", entry]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from broker.errors import SilboError
 from broker.ngsi import AllowList
+from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.roles.access_point import AccessPoint
 from broker.roles.connection_point import ConnectionPoint
 from broker.roles.exit_point import ExitPoint
@@ -61,6 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_status_flush(parser)
     add_http_read_timeout(parser)
+    add_retry_window(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
@@ -89,6 +91,18 @@ def add_http_read_timeout(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="connection points: seconds an HTTP client may take to send a request's head or "
         "body, or stay idle between requests (default 30)",
+    )
+
+
+def add_retry_window(parser: argparse.ArgumentParser) -> None:
+    """Add ``--retry-window S`` (``silbo run`` and ``silbo up``: docs/ngsi.md)."""
+    parser.add_argument(
+        "--retry-window",
+        type=float,
+        default=DEFAULT_WINDOW,
+        metavar="S",
+        help="connection points: seconds an HTTP notification is retried for, unless its "
+        f"subscription sets notification.retryWindow (default {DEFAULT_WINDOW:.0f}; 0: no retries)",
     )
 
 
@@ -124,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             notify_allow=tuple(args.notify_allow),
             status_flush=args.status_flush,
             http_read_timeout=args.http_read_timeout,
+            retry_window=args.retry_window,
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
         )

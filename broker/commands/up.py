@@ -57,7 +57,12 @@ from broker.cluster.local import (
     read_cluster,
 )
 from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
-from broker.commands.run import add_http_read_timeout, add_spark_offload, add_status_flush
+from broker.commands.run import (
+    add_http_read_timeout,
+    add_retry_window,
+    add_spark_offload,
+    add_status_flush,
+)
 from broker.coordination.errors import (
     JavaNotFound,
     PortInUse,
@@ -131,6 +136,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_status_flush(parser)
     add_http_read_timeout(parser)
+    add_retry_window(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
@@ -175,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             notify_allow=tuple(args.notify_allow),
             status_flush=args.status_flush,
             http_read_timeout=args.http_read_timeout,
+            retry_window=args.retry_window,
             spark_offload=args.spark_offload,
             zk=args.zk,
             cluster=args.cluster,

@@ -13,8 +13,9 @@ over the worker's stdin and stdout in msgpack arrays:
   of little-endian uint32, as bytes); ``["i", token]`` a request to be told once nothing
   waits or is in flight;
 - out: ``["r", [[id, generation, last_success, code, last_failure, reason, fails_counter,
-  dropped], ...]]`` what happened to subscriptions since the last report (times are None
-  if nothing new; ``dropped`` is a count since the last report); ``["i", token]`` nothing
+  dropped, delivered, retried, gave_up], ...]]`` what happened to subscriptions since the
+  last report (times are None if nothing new; the last four are counts since the last
+  report: :data:`broker.ngsi.notifier.OUTCOMES`); ``["i", token]`` nothing
   waits or is in flight any more (the report of everything sent comes before it).
 
 A waiting notification is its entity's bytes and a number: the entity is decoded and the
@@ -30,7 +31,10 @@ Requests go out through :class:`broker.ngsi.http_client.HttpClient` (keep-alive 
 pooled per origin, at most ``concurrency`` requests in flight and ``per_origin`` connections
 per origin): a subscription's request line and headers are bytes made once per version of
 it, the entity's headers (service, service path, correlator) once per entity, and its body
-once per (entity, format, attributes chosen).
+once per (entity, format, attributes chosen). A notification that fails is sent again
+(:mod:`broker.ngsi.retry`) before the next of its subscription, with the same
+``Silbo-Notification-Id``: a subscription's notifications keep their order, and one being
+retried holds back only its own subscription.
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ from broker.model.subscription import AttrsFormat
 from broker.ngsi.change import Change, read_change
 from broker.ngsi.entity import Attributes, from_wire, render
 from broker.ngsi.http_client import HttpClient, Target, TransportError
+from broker.ngsi.retry import DEFAULT_WINDOW, ID_HEADER, Backoff, NotificationIds, retried
 from broker.wire import client_pb2 as pb
 
-__all__ = ["Backlog", "Config", "main"]
+__all__ = ["QUEUE_FULL", "Backlog", "Config", "main"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,11 +73,19 @@ IDLE_POLL = 0.02  # seconds between looks for an idle worker (asked by ["i", tok
 READ_SIZE = 1 << 16  # bytes read from the pipe at a time
 FULL_WAIT = 0.005  # seconds between looks at a full backlog before reading more
 RESUME_AT = 0.99  # a full backlog is read into again once this share of it is left
+QUEUE_FULL = "Notification queue is full"  # lastFailureReason of a dropped notification
 _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
 # Headers the worker sets itself on every request (a subscription's own are left out).
 _OWN_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "fiware-servicepath", "fiware-correlator"}
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "fiware-servicepath",
+        "fiware-correlator",
+        ID_HEADER.lower(),
+    }
 )
 
 
@@ -170,6 +183,7 @@ class Config:
     only_changed: bool
     covered: bool
     max_fails_limit: int | None
+    retry_window: float | None = None  # seconds; None: the worker's default
 
     def to_list(self) -> list[Any]:
         """The config as the pipe carries it."""
@@ -184,13 +198,14 @@ class Config:
             self.only_changed,
             self.covered,
             self.max_fails_limit,
+            self.retry_window,
         ]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> Config:
         """The config from the pipe."""
         url, method, headers, timeout, attrs_format, attrs, except_attrs, *rest = data
-        only_changed, covered, limit = rest
+        only_changed, covered, limit, window = rest
         return cls(
             url,
             method,
@@ -202,6 +217,7 @@ class Config:
             only_changed,
             covered,
             limit,
+            window,
         )
 
 
@@ -222,8 +238,12 @@ class _Subscription:
     last_success_code: int = 0
     last_failure: float | None = None
     last_failure_reason: str = ""
-    dropped: int = 0  # since the last report
+    dropped: int = 0  # these four: counts since the last report
+    delivered: int = 0
+    retries: int = 0
+    gave_up: int = 0
     sending: bool = False
+    gone: bool = False  # deleted
 
     def failed_out(self) -> bool:
         limit = self.config.max_fails_limit
@@ -271,9 +291,17 @@ class Worker:
     """The delivery worker (see the module doc)."""
 
     def __init__(
-        self, concurrency: int, per_origin: int, queue_limit: int, total_limit: int
+        self,
+        concurrency: int,
+        per_origin: int,
+        queue_limit: int,
+        total_limit: int,
+        retry_window: float = DEFAULT_WINDOW,
     ) -> None:
         self._concurrency = concurrency
+        self._retry_window = retry_window
+        self._backoff = Backoff()
+        self._ids = NotificationIds()
         self._per_origin = per_origin
         self._backlog: Backlog[_Subscription, _Notification] = Backlog(queue_limit, total_limit)
         self._subscriptions: dict[int, _Subscription] = {}  # by the pipe's number
@@ -333,6 +361,7 @@ class Worker:
         elif kind == "f":
             gone = self._subscriptions.pop(message[1], None)
             if gone is not None:
+                gone.gone = True
                 self._backlog.clear(gone)
                 self._changed.pop(gone.id, None)
         elif kind == "i":
@@ -379,7 +408,8 @@ class Worker:
             while (notification := self._backlog.pop(subscription)) is not None:
                 if subscription.failed_out():
                     # what was queued before it went inactive is not sent
-                    self._dropped(subscription, self._backlog.clear(subscription) + 1)
+                    count = self._backlog.clear(subscription) + 1
+                    self._dropped(subscription, count, failure=False)
                     break
                 await self._post(subscription, notification)
         finally:
@@ -387,32 +417,65 @@ class Worker:
             self._sending -= 1
 
     async def _post(self, subscription: _Subscription, notification: _Notification) -> None:
+        """Send one notification, retried while its window lasts (broker.ngsi.retry): its
+        end (an answer, or given up) is what the subscription's status shows."""
+        one, number = notification
+        nid = self._ids.next()
+        window = subscription.config.retry_window
+        if window is None:
+            window = self._retry_window
+        deadline = time.monotonic() + window
+        attempt = 0
+        while not subscription.gone:  # a deleted subscription's retries stop
+            attempt += 1
+            status, reason, after = await self._attempt(subscription, one, number, nid)
+            if status and (not retried(status) or not window):
+                # an answer: a success as Orion counts it (no window: 5xx and 429 too)
+                subscription.last_success = time.time()
+                subscription.last_success_code = status
+                subscription.fails_counter = 0
+                subscription.delivered += 1
+                break
+            wait = self._backoff.delay(attempt, after if status in (429, 503) else None)
+            if subscription.target is None or time.monotonic() + wait > deadline:
+                subscription.last_failure = time.time()
+                subscription.last_failure_reason = reason
+                subscription.fails_counter += 1
+                subscription.gave_up += 1
+                break
+            subscription.retries += 1
+            await asyncio.sleep(wait)
+        self._report(subscription)
+
+    async def _attempt(
+        self, subscription: _Subscription, one: _Entity, number: int, nid: bytes
+    ) -> tuple[int, str, float | None]:
+        """One request of a notification: (the answer's status or 0, why it failed, the
+        seconds its Retry-After asks for); the subscription's config as it is now (PATCH)."""
         assert self._client is not None, "the worker has not started"
         config, target = subscription.config, subscription.target
-        one, number = notification
         body = _body(subscription, one)
         if config.attrs_format in _WRAPPED:
             body = b"%s%s]}" % (subscription.wrapper, body)
         service, rest = one.header_lines()
-        extra = b"%s%s%d\r\n" % (service or subscription.service, rest, number)
+        extra = b"%s%s%d\r\n%s" % (service or subscription.service, rest, number, nid)
         try:
             if target is None:
                 raise TransportError("the URL or a header cannot be sent")
-            status = await self._client.request(
-                target, target.head(extra, len(body)) + body, config.timeout
-            )
+            data = target.head(extra, len(body)) + body
+            status, after = await self._client.exchange(target, data, config.timeout)
         except TransportError as exc:
-            subscription.last_failure = time.time()
-            subscription.last_failure_reason = exc.reason
-            subscription.fails_counter += 1
-        else:
-            subscription.last_success = time.time()
-            subscription.last_success_code = status
-            subscription.fails_counter = 0
-        self._report(subscription)
+            return 0, exc.reason, None
+        return status, f"HTTP {status} answer", after
 
-    def _dropped(self, subscription: _Subscription, count: int) -> None:
+    def _dropped(self, subscription: _Subscription, count: int, *, failure: bool = True) -> None:
+        """Count notifications dropped: for a full queue (a ``failure``, as Orion counts
+        it), or queued before the subscription failed out."""
         subscription.dropped += count
+        if failure:
+            subscription.fails_counter += count
+            subscription.last_failure = time.time()
+            subscription.last_failure_reason = QUEUE_FULL
         self._report(subscription)
 
     def _report(self, subscription: _Subscription) -> None:
@@ -435,10 +498,13 @@ class Worker:
                     s.last_failure_reason,
                     s.fails_counter,
                     s.dropped,
+                    s.delivered,
+                    s.retries,
+                    s.gave_up,
                 ]
             )
             s.last_success = s.last_failure = None
-            s.dropped = 0
+            s.dropped = s.delivered = s.retries = s.gave_up = 0
         self._changed.clear()
         if rows and self._out is not None and not self._out.is_closing():
             self._out.write(msgpack.packb(["r", rows]))
@@ -493,8 +559,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-origin", type=int, required=True)
     parser.add_argument("--queue-limit", type=int, required=True)
     parser.add_argument("--total-limit", type=int, required=True)
+    parser.add_argument("--retry-window", type=float, default=DEFAULT_WINDOW)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s delivery %(message)s")
-    worker = Worker(args.concurrency, args.per_origin, args.queue_limit, args.total_limit)
+    worker = Worker(
+        args.concurrency, args.per_origin, args.queue_limit, args.total_limit, args.retry_window
+    )
     asyncio.run(worker.run())

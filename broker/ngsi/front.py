@@ -45,6 +45,7 @@ from broker.ngsi.notifier import (
     Notifier,
 )
 from broker.ngsi.request import BODY_TIMEOUT, MAX_BODY, READ_TIMEOUT, checks
+from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
 from broker.runtime.options import parse_address
 from broker.wire import client_pb2 as pb
@@ -118,6 +119,8 @@ class FrontOptions:
     per_origin: int = DEFAULT_PER_ORIGIN
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     total_limit: int = DEFAULT_TOTAL_LIMIT
+    retry_window: float = DEFAULT_WINDOW  # seconds a notification is retried for, by default
+    count: Callable[[str, int], None] | None = None  # told notifications' outcomes (metrics)
 
 
 class AddressTaken(SilboError):
@@ -140,6 +143,8 @@ class NgsiFront:
             per_origin=options.per_origin,
             queue_limit=options.queue_limit,
             total_limit=options.total_limit,
+            retry_window=options.retry_window,
+            count=options.count,
         )
         self._publisher = _Publisher(port)
         self._runner: web.AppRunner | None = None
@@ -517,7 +522,7 @@ class NgsiFront:
             return
         if not self.notifier.send(fired.entities, fired.numbers, fired.indexes):
             for subscription, count in fired.counts:
-                subscription.dropped += count
+                self.notifier.dropped(subscription, count)
 
 
 def _bind(host: str, port: int, listen: str) -> socket.socket:
@@ -589,6 +594,7 @@ def delivery_config(parsed: Parsed) -> Config:
         parsed.only_changed,
         parsed.covered,
         parsed.max_fails_limit,
+        parsed.retry_window,
     )
 
 

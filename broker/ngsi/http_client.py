@@ -37,6 +37,7 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import cast
 from urllib.parse import quote, urlsplit
 
@@ -49,6 +50,7 @@ __all__ = [
     "TimedOut",
     "TransportError",
     "check_header",
+    "retry_after",
 ]
 
 KEEP_IDLE = 15.0  # seconds an idle connection is kept
@@ -124,6 +126,21 @@ class Target:
         return b"%s%sContent-Length: %d\r\n\r\n" % (self.prefix, extra, length)
 
 
+def retry_after(value: bytes) -> float | None:
+    """The seconds a ``Retry-After`` value asks to wait from now (RFC 9110: a number of
+    seconds or an HTTP date; never below 0), or None if it is neither."""
+    text = value.decode("latin-1").strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
 def check_header(name: str, value: str) -> None:
     """Raise ValueError unless ``name: value`` can be sent as one header line."""
     if not _TOKEN.fullmatch(name):
@@ -149,6 +166,14 @@ class HttpClient:
     async def request(self, target: Target, data: bytes, timeout: float) -> int:
         """Send ``data`` (head and body) to ``target``; the answer's status
         (TransportError if there is none within ``timeout`` seconds)."""
+        status, _retry_after = await self.exchange(target, data, timeout)
+        return status
+
+    async def exchange(
+        self, target: Target, data: bytes, timeout: float
+    ) -> tuple[int, float | None]:
+        """As :meth:`request`; with the seconds the answer's ``Retry-After`` asks to wait
+        (None without one, or with one that is not a number of seconds or an HTTP date)."""
         async with self._slots:
             pool = self._pools.get(target.origin)
             if pool is None:
@@ -171,7 +196,7 @@ class HttpClient:
                     waiter.cancel()
         self._idle = 0
 
-    async def _exchange(self, pool: _Pool, target: Target, data: bytes) -> int:
+    async def _exchange(self, pool: _Pool, target: Target, data: bytes) -> tuple[int, float | None]:
         connection = await self._acquire(pool)
         keep = False
         try:
@@ -183,7 +208,7 @@ class HttpClient:
                 connection.close()
                 connection = await self._connect(pool)  # the old one's slot passes on
                 status, keep = await connection.exchange(data, target.method)
-            return status
+            return status, connection.retry_after
         finally:
             self._release(pool, connection, keep)
 
@@ -276,6 +301,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False
         self.silent = True  # no byte of the current answer yet
         self.idle_since = 0.0
+        self.retry_after: float | None = None  # of the last answer
         self._waiter: asyncio.Future[tuple[int, bool]] | None = None
         self._buffer = bytearray()
         self._state = _DONE
@@ -410,6 +436,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200 and status != 101:
             return  # an interim answer (100 Continue): the real one follows
         keep = status_line[0] == b"HTTP/1.1"
+        self.retry_after = None
         length: int | None = None
         chunked = False
         for line in lines[1:]:
@@ -424,6 +451,8 @@ class _Connection(asyncio.Protocol):
                     raise Broken("negative Content-Length")
             elif name == b"transfer-encoding":
                 chunked = value.strip().lower().endswith(b"chunked")
+            elif name == b"retry-after":
+                self.retry_after = retry_after(value.strip())
             elif name == b"connection":
                 tokens = {t.strip() for t in value.lower().split(b",")}
                 if b"close" in tokens:

@@ -11,15 +11,19 @@ port; :mod:`broker.ngsi.http_client`), and at most ``total_limit`` notifications
 all: past it, the oldest notification of the subscription with the most waiting is dropped.
 Once that many wait, the worker reads nothing more from the pipe until 1 % of them have
 left; once ``buffer_limit`` bytes wait there, new notifications are dropped here (the
-cheapest place). Every drop is counted in the subscription's ``dropped``.
+cheapest place). Every drop is counted in the subscription's ``dropped`` and as a failure
+(``failsCounter`` + 1, ``lastFailureReason`` "Notification queue is full").
 
-What a request's end does to the subscription (Orion's rules, ngsi-v2.md section 5): any
-HTTP answer, 4xx and 5xx included, is a success (``lastSuccess``, ``lastSuccessCode``,
-``failsCounter`` back to 0); only a transport error (refused, timeout, DNS, the connection
-closed before the whole answer) is a failure (``lastFailure``, ``lastFailureReason``,
-``failsCounter`` + 1, and ``inactive`` once it is over ``maxFailsLimit``; what it still had
-queued is then dropped). There are no retries (but for the one send again of
-:mod:`broker.ngsi.http_client` on a reused connection the server had closed). The worker
+A notification that meets a transport error (refused, reset, timeout, DNS, the connection
+closed before the whole answer) or an answer of 408, 429 or 5xx is sent again while its
+retry window lasts (:mod:`broker.ngsi.retry`; ``retry_window`` seconds, or its
+subscription's ``notification.retryWindow``). What its end does to the subscription
+(Orion's rules, ngsi-v2.md section 5): an HTTP answer not retried, 4xx included, is a success
+(``lastSuccess``, ``lastSuccessCode``, ``failsCounter`` back to 0); giving up (the window
+passed) is a failure (``lastFailure``, ``lastFailureReason``, ``failsCounter`` + 1, and
+``inactive`` once it is over ``maxFailsLimit``; what it still had queued is then dropped).
+With a window of 0 nothing is retried, and a 5xx or 429 answer is a success, as in Orion.
+The worker
 reports these every 50 ms; :meth:`Notifier.configure` numbers each version of a
 subscription it sends, and a report about an older version (before a PATCH) changes its
 times but not its ``failsCounter`` or status.
@@ -31,13 +35,15 @@ import asyncio
 import itertools
 import logging
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from broker.ngsi.delivery import Config
+from broker.ngsi.delivery import QUEUE_FULL, Config
+from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription
 
 __all__ = [
@@ -46,6 +52,7 @@ __all__ = [
     "DEFAULT_PER_ORIGIN",
     "DEFAULT_QUEUE_LIMIT",
     "DEFAULT_TOTAL_LIMIT",
+    "OUTCOMES",
     "Notifier",
 ]
 
@@ -56,6 +63,8 @@ DEFAULT_PER_ORIGIN = 32  # connections open to one origin
 DEFAULT_QUEUE_LIMIT = 1_000  # notifications waiting, per subscription
 DEFAULT_TOTAL_LIMIT = 100_000  # notifications waiting, in all
 DEFAULT_BUFFER_LIMIT = 1 << 20  # bytes waiting in the pipe to the worker
+# what the worker counts of notifications, as its reports give them (metrics' outcome label)
+OUTCOMES = ("dropped", "delivered", "retried", "gave_up")
 
 
 class Notifier:
@@ -69,15 +78,19 @@ class Notifier:
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         total_limit: int = DEFAULT_TOTAL_LIMIT,
         buffer_limit: int = DEFAULT_BUFFER_LIMIT,
+        retry_window: float = DEFAULT_WINDOW,
+        count: Callable[[str, int], None] | None = None,
     ) -> None:
         self._arguments = [
             f"--concurrency={concurrency}",
             f"--per-origin={per_origin}",
             f"--queue-limit={queue_limit}",
             f"--total-limit={total_limit}",
+            f"--retry-window={retry_window}",
             f"--log-level={logging.getLevelName(logging.getLogger().getEffectiveLevel())}",
         ]
         self._buffer_limit = buffer_limit
+        self._count = count  # told each outcome's count (metrics): see OUTCOMES
         self._subscriptions: dict[str, HttpSubscription] = {}
         self._configs: dict[str, Config] = {}
         self._numbers = itertools.count(1)
@@ -201,8 +214,25 @@ class Notifier:
             _log.error("the notification worker ended (%s); starting another", await process.wait())
             await self.start()
 
+    def dropped(self, subscription: HttpSubscription, count: int) -> None:
+        """Count ``count`` notifications dropped before the worker (its pipe was full): a
+        failure each, as the worker counts those its queues drop."""
+        subscription.dropped += count
+        subscription.fails_counter += count
+        subscription.last_failure = time.time()
+        subscription.last_failure_reason = QUEUE_FULL
+        self._counted("dropped", count)
+        _fail_out(subscription)
+
+    def _counted(self, outcome: str, count: int) -> None:
+        if count and self._count is not None:
+            self._count(outcome, count)
+
     def _reported(self, rows: list[list[Any]]) -> None:
-        for sid, generation, success, code, failure, reason, fails, dropped in rows:
+        for row in rows:
+            sid, generation, success, code, failure, reason, fails, *counts = row
+            for outcome, count in zip(OUTCOMES, counts, strict=True):
+                self._counted(outcome, count)
             subscription = self._subscriptions.get(sid)
             if subscription is None:
                 continue  # deleted since
@@ -212,13 +242,18 @@ class Notifier:
             if failure is not None:
                 subscription.last_failure = failure
                 subscription.last_failure_reason = reason
-            subscription.dropped += dropped
+            subscription.dropped += counts[0]
             if generation != subscription.generation:
                 continue  # a PATCH since: its failsCounter and status stand
             subscription.fails_counter = fails
-            limit = subscription.parsed.max_fails_limit
-            if limit is not None and fails > limit and subscription.status != "inactive":
-                subscription.status = "inactive"
-                _log.info(
-                    "subscription %s is inactive: %d failed notifications in a row", sid, fails
-                )
+            _fail_out(subscription)
+
+
+def _fail_out(subscription: HttpSubscription) -> None:
+    """Make ``subscription`` inactive once its failsCounter is over its maxFailsLimit."""
+    fails, limit = subscription.fails_counter, subscription.parsed.max_fails_limit
+    if limit is not None and fails > limit and subscription.status != "inactive":
+        subscription.status = "inactive"
+        _log.info(
+            "subscription %s is inactive: %d failed notifications in a row", subscription.id, fails
+        )

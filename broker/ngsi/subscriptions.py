@@ -38,6 +38,7 @@ from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration
 from broker.ngsi.errors import NotServed
 from broker.ngsi.http_client import check_header
+from broker.ngsi.retry import window_problem
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import add_selectors
 
@@ -62,6 +63,7 @@ _NOTIFICATION = frozenset(
         "onlyChangedAttrs",
         "covered",
         "maxFailsLimit",
+        "retryWindow",
         "http",
         "httpCustom",
         "mqtt",
@@ -152,6 +154,16 @@ class Parsed:
     expires: float | None
     status: str
     throttling: float
+    retry_window: float | None = None  # seconds (Silbo's own); None: the cluster's
+
+
+def _retry_window(value: Any) -> float | None:
+    if value is None:
+        return None
+    problem = window_problem(value, "notification.retryWindow")
+    if problem is not None:
+        raise InvalidSubscription(problem)
+    return float(value)
 
 
 def _selectors(entities: Any) -> tuple[EntitySelector, ...]:
@@ -335,6 +347,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
         expires,
         status,
         float(throttling),
+        _retry_window(notification.get("retryWindow")),
     )
 
 
@@ -467,6 +480,8 @@ class HttpSubscription:
         notification["covered"] = p.covered
         if p.max_fails_limit is not None:
             notification["maxFailsLimit"] = p.max_fails_limit
+        if p.retry_window is not None:
+            notification["retryWindow"] = doc["notification"]["retryWindow"]
         if self.times_sent:
             notification["timesSent"] = self.times_sent
         if self.last_notification is not None:

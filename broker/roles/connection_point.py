@@ -800,6 +800,8 @@ class _FrontPort:
                 advertise=context.member.address.rsplit(":", 1)[0],
                 status_flush=options.status_flush,
                 read_timeout=options.http_read_timeout,
+                retry_window=options.retry_window,
+                count=lambda outcome, n: context.metrics.notifications.labels(outcome).inc(n),
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
         )

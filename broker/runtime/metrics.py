@@ -9,6 +9,9 @@ Every process has the same families, labelled by what they count:
 - ``silbo_stage_seconds{stage}``: time spent in one step (matching a batch, holding a batch
   at the exit point, ...)
 - ``silbo_subscriptions``: subscriptions held (matchers) or open (connection points)
+- ``silbo_http_notifications_total{outcome}``: HTTP notifications (connection points):
+  ``delivered``, ``retried`` (attempts after the first), ``gave_up`` (the retry window
+  passed), ``dropped`` (a full queue)
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class ProcessMetrics:
             registry=r,
         )  # fmt: skip
         self.subscriptions = Gauge("silbo_subscriptions", "subscriptions held", registry=r)
+        self.notifications = Counter(
+            "silbo_http_notifications", "HTTP notifications by outcome", ["outcome"], registry=r
+        )
         self.info = Gauge("silbo_process_info", "this process", ["role"], registry=r)
         self.info.labels(role=role).set(1)
 

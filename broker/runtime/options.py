@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from broker.errors import InvalidInput
+from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
 __all__ = ["ProcessOptions", "Role", "parse_address"]
 
@@ -41,6 +42,7 @@ class ProcessOptions:
     ``status_flush`` is how often (seconds) its HTTP subscriptions' counters are saved;
     ``http_read_timeout`` how long (seconds) an HTTP client may take to send a request's
     head or body (and stay idle between requests).
+    ``retry_window`` how long (seconds) an HTTP notification is retried for, by default.
     ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
     (0: never), on ``spark_master`` ('' for local; docs/spark.md).
     """
@@ -56,6 +58,7 @@ class ProcessOptions:
     notify_allow: tuple[str, ...] = ()
     status_flush: float = 10.0
     http_read_timeout: float = 30.0
+    retry_window: float = DEFAULT_WINDOW
     spark_offload: int = 0
     spark_master: str = ""
 
@@ -84,6 +87,8 @@ class ProcessOptions:
             problems.append(
                 f"--http-read-timeout must be positive seconds, not {self.http_read_timeout}"
             )
+        if (problem := window_problem(self.retry_window, "--retry-window")) is not None:
+            problems.append(problem)
         if self.spark_offload < 0:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,19 @@ from aiohttp import web
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.ngsi.allow import AllowList
+from broker.ngsi.subscriptions import HttpSubscription, parse_document
 
-__all__ = ["Answer", "Front", "Notification", "Receiver", "free_port", "tenant"]
+__all__ = [
+    "Answer",
+    "Front",
+    "Notification",
+    "Receiver",
+    "free_port",
+    "plain_subscription",
+    "started_front",
+    "tenant",
+]
 
 WAIT = 20.0  # seconds for a notification to arrive
 
@@ -40,6 +52,16 @@ def free_port() -> int:
 def tenant() -> str:
     """A fresh tenant: what keeps the tests sharing a cluster apart."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+def plain_subscription(sid: str, url: str) -> HttpSubscription:
+    """An HTTP subscription to ``url`` of every entity, as the front keeps it (for tests of
+    the notifier alone)."""
+    parsed = parse_document(
+        {"subject": {"entities": [{"idPattern": ".*"}]}, "notification": {"http": {"url": url}}},
+        AllowList.parse(),
+    )
+    return HttpSubscription(sid, "", "/#", parsed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +92,15 @@ class Answer:
 
 
 class Receiver:
-    """An HTTP notification receiver on loopback, in a thread; records every request."""
+    """An HTTP notification receiver on loopback, in a thread; records every request (and
+    when it came). ``script`` is answered first, one entry per request in order: (status,
+    headers, seconds to wait before answering); then every request gets ``status``."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.status = 200
+        self.script: list[tuple[int, dict[str, str], float]] = []
+        self.times: list[float] = []  # time.monotonic() of each request
         self._got: list[Notification] = []
         self._changed = threading.Condition()
         self._loop = asyncio.new_event_loop()
@@ -137,8 +163,12 @@ class Receiver:
         )
         with self._changed:
             self._got.append(got)
+            self.times.append(time.monotonic())
             self._changed.notify_all()
-        return web.Response(status=self.status)
+            status, headers, delay = self.script.pop(0) if self.script else (self.status, {}, 0)
+        if delay:
+            await asyncio.sleep(delay)
+        return web.Response(status=status, headers=headers)
 
 
 class Front:
@@ -193,18 +223,23 @@ class Front:
             connection.close()
 
 
-@pytest.fixture(scope="module")
-def front(
-    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def started_front(
+    zookeeper: EmbeddedZooKeeper,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    **fields: Any,
 ) -> Iterator[Front]:
-    """One cluster for the module, its connection point serving HTTP on a free port."""
-    name = f"ngsi-{uuid.uuid4().hex[:10]}"
+    """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), its connection point
+    serving HTTP on a free port; stopped on leaving."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
         zk=zookeeper.address,
         cluster=name,
         grpc_port=0,
         http_port=free_port(),
         state_dir=Path(tmp_path_factory.mktemp(name)),
+        **fields,
     )
     cluster = LocalCluster(spec)
     try:
@@ -214,6 +249,15 @@ def front(
         yield served
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """One cluster for the module, its connection point serving HTTP on a free port."""
+    with started_front(zookeeper, tmp_path_factory, "ngsi") as served:
+        yield served
 
 
 @pytest.fixture

@@ -7,14 +7,18 @@ what the run reports, never how fast it was.
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import subprocess
 import sys
+import time
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from broker.bench.ngsi import _compare, _streams, _subscription_json
+from broker.bench.ngsi import _compare, _ReceiverProcess, _streams, _subscription_json
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cli import main
 from broker.coordination.embedded import EmbeddedZooKeeper
@@ -94,3 +98,43 @@ def test_a_short_run_accepts_updates_and_delivers_notifications(
     assert summary["expected"] > 0 and summary["unexpected"] == 0
     assert summary["received"] >= summary["notifications"]  # the keys are read after the counts
     assert "[bench ngsi]" in done.stderr
+
+
+def test_a_faulty_receiver_takes_only_part_answering_503_or_resetting_the_rest() -> None:
+    receiver = _ReceiverProcess(faults=0.5, seed=3)
+    try:
+        outcomes: Counter[str] = Counter()
+        deadline = time.monotonic() + 30
+        while True:  # the receiver process starts
+            try:
+                socket.create_connection(("127.0.0.1", receiver.port), 1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        for _ in range(60):
+            connection = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+            body = json.dumps({"data": [{"id": "urn:x:280791"}]})  # station 0
+            try:
+                connection.request("POST", "/n/0", body, {"Fiware-Correlator": "1; cbnotif=1"})
+                outcomes[str(connection.getresponse().status)] += 1
+            except (ConnectionResetError, http.client.RemoteDisconnected):
+                outcomes["reset"] += 1
+            finally:
+                connection.close()
+        connection = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=10)
+        connection.request("GET", "/_counts")
+        counts = json.loads(connection.getresponse().read())
+        connection.close()
+    finally:
+        receiver.stop()
+    assert set(outcomes) == {"204", "503", "reset"}
+    assert abs(outcomes["503"] - outcomes["reset"]) <= 1  # alternately
+    assert counts["posts"] == outcomes["204"] and counts["faults"] == 60 - outcomes["204"]
+    assert 15 <= outcomes["204"] <= 45
+
+
+@pytest.mark.parametrize("option", [["--rate", "-1"], ["--receiver-faults", "1"]])
+def test_bad_rate_or_faults_exit_2(option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "ngsi", *option]) == 2
+    assert "--rate at least 0, --receiver-faults from 0 to below 1" in capsys.readouterr().err

@@ -10,14 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration, Change, with_change
 from broker.ngsi.delivery import Backlog
 from broker.ngsi.entity import to_wire
 from broker.ngsi.front import delivery_config
 from broker.ngsi.notifier import Notifier
-from broker.ngsi.subscriptions import HttpSubscription, parse_document
-from ngsi.conftest import free_port
+from ngsi.conftest import free_port, plain_subscription
 
 
 def test_backlog_refuses_past_a_keys_bound_and_drops_the_longests_oldest_past_the_total() -> None:
@@ -33,14 +31,6 @@ def test_backlog_refuses_past_a_keys_bound_and_drops_the_longests_oldest_past_th
     assert backlog.clear("b") + backlog.clear("a") == 3
     assert len(backlog) == 0 and backlog.pop("a") is None
     assert backlog.push("a", 4) == (True, None)
-
-
-def _subscription(sid: str, url: str) -> HttpSubscription:
-    parsed = parse_document(
-        {"subject": {"entities": [{"idPattern": ".*"}]}, "notification": {"http": {"url": url}}},
-        AllowList.parse(),
-    )
-    return HttpSubscription(sid, "", "/#", parsed)
 
 
 def test_the_worker_bounds_what_waits_in_all_and_counts_what_it_drops() -> None:
@@ -63,8 +53,8 @@ def test_the_worker_bounds_what_waits_in_all_and_counts_what_it_drops() -> None:
         notifier = Notifier(total_limit=10)
         await notifier.start()
         try:
-            a = _subscription("a" * 24, f"http://127.0.0.1:{port}/a")
-            b = _subscription("b" * 24, f"http://127.0.0.1:{port}/b")
+            a = plain_subscription("a" * 24, f"http://127.0.0.1:{port}/a")
+            b = plain_subscription("b" * 24, f"http://127.0.0.1:{port}/b")
             for subscription in (a, b):
                 notifier.configure(subscription, delivery_config(subscription.parsed), fails=None)
             change = Change(Alteration.CHANGE, frozenset({"x"}), correlator="c")

@@ -9,15 +9,13 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.model.attribute import MAX_VALUE_DEPTH
 from broker.ngsi.request import MAX_BODY, MAX_DEPTH
-from ngsi.conftest import Front, free_port
+from ngsi.conftest import Front, started_front
 
 pytestmark = pytest.mark.slow
 
@@ -29,22 +27,10 @@ def front(
     zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Front]:
     """A front whose clients get READ_TIMEOUT seconds for a request's head or body."""
-    name = f"hostile-{uuid.uuid4().hex[:10]}"
-    spec = ClusterSpec(
-        zk=zookeeper.address,
-        cluster=name,
-        grpc_port=0,
-        http_port=free_port(),
-        http_read_timeout=READ_TIMEOUT,
-        state_dir=Path(tmp_path_factory.mktemp(name)),
-    )
-    cluster = LocalCluster(spec)
-    try:
-        served = Front(cluster.start()["http_endpoints"][0], cluster)
-        served.wait_serving()
+    with started_front(
+        zookeeper, tmp_path_factory, "hostile", http_read_timeout=READ_TIMEOUT
+    ) as served:
         yield served
-    finally:
-        cluster.stop()
 
 
 def _exchange(front: Front, head: bytes, body: bytes = b"", wait: float = 15.0) -> bytes:

@@ -288,7 +288,7 @@ def test_the_worker_records_refusals_and_timeouts_as_failures() -> None:
         return True
 
     async def scenario() -> None:
-        notifier = Notifier()
+        notifier = Notifier(retry_window=0)  # each failure counted at once
         await notifier.start()
         try:
             async with RawReceiver(slow) as receiver:

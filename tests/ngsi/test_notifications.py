@@ -229,7 +229,11 @@ def test_expired_subscriptions_are_silent(front: Front, receiver: Receiver) -> N
 def test_fails_limit_makes_it_inactive(front: Front, receiver: Receiver) -> None:
     h = {"Fiware-Service": tenant()}
     receiver.stop()
-    sid = subscribe(front, h, http_subscription(receiver.url(), notification={"maxFailsLimit": 2}))
+    sid = subscribe(
+        front,
+        h,
+        http_subscription(receiver.url(), notification={"maxFailsLimit": 2, "retryWindow": 0}),
+    )
     for value in range(4):
         publish(front, h, {"id": "E", "x": {"value": value}})
     wait_until(lambda: get(front, h, sid)["status"] == "inactive", "inactive after 3 failures")

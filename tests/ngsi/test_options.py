@@ -28,12 +28,17 @@ def test_http_port_of_a_cluster(port: int) -> None:
         ClusterSpec(http_port=port)
 
 
-def test_a_bad_allow_entry_stops_silbo_run_at_once() -> None:
+def _refused(*options: str) -> str:
+    """What ``silbo run connection-point`` with ``options`` says as it exits 2 at once."""
     command = [sys.executable, "-m", "broker.cli", "run", "connection-point", "--zk", "h:1"]
-    command += ["--http-listen", "127.0.0.1:0", "--notify-allow", "http://x/"]
+    command += ["--http-listen", "127.0.0.1:0", *options]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert "not a CIDR, address or host name" in done.stderr
+    assert done.returncode == 2, done
+    return done.stderr
+
+
+def test_a_bad_allow_entry_stops_silbo_run_at_once() -> None:
+    assert "not a CIDR, address or host name" in _refused("--notify-allow", "http://x/")
 
 
 @pytest.mark.parametrize("flush", [0, -1])
@@ -42,6 +47,20 @@ def test_status_flush_must_be_positive(flush: float) -> None:
         ProcessOptions(Role.CONNECTION_POINT, zk="h:1", status_flush=flush)
     with pytest.raises(InvalidInput, match="--status-flush"):
         ClusterSpec(status_flush=flush)
+
+
+@pytest.mark.parametrize("window", [-1, 86_401])
+def test_retry_window_is_seconds_from_0_to_a_day(window: float) -> None:
+    ProcessOptions(Role.CONNECTION_POINT, zk="h:1", retry_window=0)
+    with pytest.raises(InvalidInput, match="--retry-window must be a number of seconds"):
+        ProcessOptions(Role.CONNECTION_POINT, zk="h:1", retry_window=window)
+    with pytest.raises(InvalidInput, match="--retry-window must be a number of seconds"):
+        ClusterSpec(retry_window=window)
+
+
+def test_silbo_run_takes_retry_window_and_refuses_a_bad_one() -> None:
+    message = "--retry-window must be a number of seconds from 0 to 86400, not -5.0"
+    assert message in _refused("--retry-window", "-5")
 
 
 def test_a_taken_http_port_stops_the_connection_point_with_a_clear_error(
