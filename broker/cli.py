@@ -17,6 +17,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench scale               broker.bench.scale
     silbo bench ngsi                broker.bench.ngsi
     silbo bench spark               broker.bench.spark
+    silbo bench chaos               broker.bench.chaos
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 
 from broker import demo, demo_cluster
-from broker.bench import e2e, match, ngsi, scale, spark
+from broker.bench import chaos, e2e, match, ngsi, scale, spark
 from broker.commands import admin, down, publish, replay, run, subscribe, up
 
 __all__ = ["build_parser", "main"]
@@ -59,6 +60,7 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("scale", "matchers scaled out and in under a constant load, as a time line", scale.configure),
     ("ngsi", "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP", ngsi.configure),
     ("spark", "the Spark matcher against the in-process engine, same input", spark.configure),
+    ("chaos", "faults injected into a cluster under load, checked by an oracle", chaos.configure),
 )
 
 

@@ -1,0 +1,359 @@
+"""``silbo bench chaos``: faults injected into a cluster under steady load, checked by an oracle.
+
+    silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--subscriptions 100]
+                      [--faults matcher,access-point,exit-point,matcher-hang,zookeeper]
+                      [--json] [--plot FILE.png]
+
+It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
+points and 2 exit points in a temporary state directory, subscribes W-IoT subscriptions from
+a gRPC subscriber and publishes W-IoT updates at ``--rate`` from one publisher (explicit
+sequences; a batch the cluster refuses is sent again as it was, and counted as a refusal).
+Every ``--interval`` seconds it injects the next fault of ``--faults`` (round robin):
+
+- ``matcher``, ``access-point``, ``exit-point``: SIGKILL of one live process of the role;
+- ``matcher-hang``: SIGSTOP of a matcher until its repair, then SIGCONT (it finds itself
+  fenced and exits; the supervisor restarts it);
+- ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it).
+
+Per fault it measures *detection* (until the configuration names the victim in ``failed``;
+for ZooKeeper, until it answers again) and *recovery* (until the layer serves its configured
+size again without the victim). After the last fault and a quiet period, an end marker is
+published and waited for; then the oracle (the reference matcher, broker.matching.reference,
+not the broker's engine) says which notifications every update should have caused, and the
+summary counts published, acknowledged, refused, expected, delivered, lost, duplicated and
+unexpected. The PNG is the time line of delivered notifications per second with each fault
+(red) and its recovery (green) marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from broker.bench.workloads.iot import iot_subscriptions, iot_updates
+from broker.client import Client
+from broker.coordination.client import connect
+from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.errors import SilboError
+from broker.matching.reference import subscription_matches
+from broker.model.subscription import EntitySelector, Subscription
+from broker.model.update import ContextUpdate
+from broker.wire import client_pb2 as pb
+from broker.wire.convert import entity_from_update
+
+__all__ = ["configure", "run"]
+
+FAULTS = ("matcher", "access-point", "exit-point", "matcher-hang", "zookeeper")
+BATCH = 10
+SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2}
+_LAYER = {"matcher": "matchers", "access-point": "access_points", "exit-point": "exit_points"}
+_END_TYPE = "ChaosEnd"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``silbo bench chaos``."""
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
+    parser.add_argument("--interval", type=float, default=12.0, help="seconds between faults")
+    parser.add_argument("--rate", type=int, default=200, help="updates/s published")
+    parser.add_argument("--subscriptions", type=int, default=100)
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"a comma list of {', '.join(FAULTS)}"
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", type=Path, default=None, help="write the time line PNG")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; exit status 1 if anything acknowledged was duplicated or unexpected."""
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not faults or args.rate <= 0 or args.interval <= 0:
+        print(f"silbo bench chaos: error: bad options (unknown faults {unknown})", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="silbo-chaos-") as state:
+        summary = _Run(args, faults, Path(state)).run()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print(summary)
+    if args.plot is not None:
+        _plot(summary, args.plot)
+    return 1 if summary["duplicated"] or summary["unexpected"] else 0
+
+
+class _Run:
+    def __init__(self, args: argparse.Namespace, faults: list[str], state: Path) -> None:
+        self.args = args
+        self.faults = faults
+        self.state = state / "state"
+        self.random = random.Random(args.seed)
+        self.subscriptions = [
+            *iot_subscriptions(args.subscriptions, args.seed),
+            Subscription(id="chaos-end", entities=(EntitySelector(id="end", type=_END_TYPE),)),
+        ]
+        self.pool = iot_updates(5_000, args.seed + 1)
+        self.sent: list[ContextUpdate] = []  # sequence i + 1
+        self.acked = 0
+        self.refusals = 0
+        self.arrivals: list[tuple[str, int, float]] = []  # (subscription, sequence, time)
+        self.lock = threading.Lock()
+        self.stop_publishing = threading.Event()
+        self.started = 0.0
+        self.events: list[dict[str, Any]] = []
+
+    def run(self) -> dict[str, Any]:
+        up = self._up()
+        try:
+            endpoints = self._description()["endpoints"]
+            subscriber = Client(endpoints, on_batch=self._on_batch, timeout=60.0)
+            subscriber.subscribe_many(self.subscriptions)
+            self.started = time.monotonic()
+            publisher = threading.Thread(target=self._publish, args=(endpoints,), daemon=True)
+            publisher.start()
+            time.sleep(min(5.0, self.args.interval))
+            end = self.started + self.args.duration
+            k = 0
+            while time.monotonic() < end:
+                began = time.monotonic()
+                self._inject(self.faults[k % len(self.faults)])
+                k += 1
+                time.sleep(max(0.0, began + self.args.interval - time.monotonic()))
+            time.sleep(5.0)  # quiet: the last recovery's traffic
+            self.stop_publishing.set()
+            publisher.join(120)
+            self._wait_end()
+            subscriber.close()
+        finally:
+            up.send_signal(signal.SIGTERM)
+            try:
+                up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                up.kill()
+        return self._summary()
+
+    # -- the cluster --------------------------------------------------------------------
+
+    def _up(self) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
+        command += ["--grpc-port", "0", "--log-level", "WARNING"]
+        for layer, size in SIZES.items():
+            command += [f"--{layer}", str(size)]
+        self.state.mkdir(parents=True)
+        err = open(self.state.parent / "up.err", "wb")  # noqa: SIM115 (lives with the process)
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SilboError((self.state.parent / "up.err").read_text())
+            try:
+                if self._description().get("status") == "running":
+                    return process
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        process.kill()
+        raise SilboError("silbo up did not start within 120 s")
+
+    def _description(self) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads((self.state / "cluster.json").read_text())
+        return found
+
+    def _configuration(self) -> Configuration | None:
+        try:
+            client = connect(
+                self._description()["zookeeper"]["address"], cluster="silbo", timeout=2
+            )
+        except (SilboError, OSError, ValueError):
+            return None
+        try:
+            current = ClusterConfiguration(client).read()
+            return current.configuration if current else None
+        except SilboError:
+            return None
+        finally:
+            client.stop()
+            client.close()
+
+    # -- load -----------------------------------------------------------------------------
+
+    def _publish(self, endpoints: list[str]) -> None:
+        with Client(endpoints, publisher="chaos", timeout=60.0) as client:
+            pace = BATCH / self.args.rate
+            next_at = time.monotonic()
+            while not self.stop_publishing.is_set():
+                batch = [self.pool[(len(self.sent) + i) % len(self.pool)] for i in range(BATCH)]
+                self._send(client, batch)
+                next_at += pace
+                time.sleep(max(0.0, next_at - time.monotonic()))
+            self._send(
+                client, [ContextUpdate.of("end", {"n": len(self.sent)}, entity_type=_END_TYPE)]
+            )
+
+    def _send(self, client: Client, batch: list[ContextUpdate]) -> None:
+        request = pb.PublishRequest(
+            publisher="chaos",
+            first_sequence=len(self.sent) + 1,
+            entities=[entity_from_update(u) for u in batch],
+        )
+        while True:
+            try:
+                self.acked += client.publish_requests([request])
+                break
+            except SilboError:
+                self.refusals += 1
+                time.sleep(0.1)
+        self.sent.extend(batch)
+
+    def _on_batch(self, batch: pb.NotificationBatch, handles: dict[int, str]) -> None:
+        now = time.monotonic() - self.started
+        index = np.frombuffer(batch.entity_index, dtype="<u4").tolist()
+        column = np.frombuffer(batch.handles, dtype="<u8").tolist()
+        with self.lock:
+            for i, handle in zip(index, column, strict=True):
+                self.arrivals.append((handles.get(handle, "?"), batch.sequences[i], now))
+
+    def _wait_end(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with self.lock:
+                if any(s == "chaos-end" for s, _q, _t in self.arrivals[-200:]):
+                    return
+            time.sleep(0.1)
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def _inject(self, fault: str) -> None:
+        at = time.monotonic()
+        event: dict[str, Any] = {"fault": fault, "t": round(at - self.started, 2)}
+        if fault == "zookeeper":
+            pid = int(self._description()["zookeeper"]["pid"])
+            os.kill(pid, signal.SIGKILL)
+            detected = self._until(lambda: self._zookeeper_back(pid), 60)
+            event.update(detection_s=detected, recovery_s=detected)
+        else:
+            role = fault.removesuffix("-hang")
+            victims = [p for p in self._description()["processes"] if p["role"] == role]
+            victim = self.random.choice([v for v in victims if v.get("name")])
+            os.kill(victim["pid"], signal.SIGSTOP if fault.endswith("hang") else signal.SIGKILL)
+            detected = self._until(lambda: self._failed(victim["name"]), 60)
+            if fault.endswith("hang"):
+                os.kill(victim["pid"], signal.SIGCONT)
+            recovered = self._until(lambda: self._whole(role, victim["name"]), 90)
+            event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
+        self.events.append(event)
+        _say(f"{fault}: detected in {event['detection_s']} s, whole in {event['recovery_s']} s")
+
+    def _until(self, condition: Any, timeout: float) -> float | None:
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            if condition():
+                return round(time.monotonic() - began, 2)
+            time.sleep(0.05)
+        return None
+
+    def _failed(self, name: str) -> bool:
+        configuration = self._configuration()
+        return configuration is not None and name in configuration.failed
+
+    def _whole(self, role: str, victim: str) -> bool:
+        configuration = self._configuration()
+        if configuration is None:
+            return False
+        serving = getattr(configuration, _LAYER[role])
+        return len(serving) == SIZES[_LAYER[role].replace("_", "-")] and victim not in serving
+
+    def _zookeeper_back(self, old_pid: int) -> bool:
+        try:
+            pid = int(self._description()["zookeeper"]["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return pid != old_pid and self._configuration() is not None
+
+    # -- the oracle -------------------------------------------------------------------------
+
+    def _summary(self) -> dict[str, Any]:
+        expected: Counter[tuple[str, int]] = Counter()
+        for sequence, update in enumerate(self.sent, start=1):
+            for subscription in self.subscriptions:
+                if subscription_matches(subscription, update):
+                    expected[subscription.id, sequence] += 1
+        got = Counter((s, q) for s, q, _t in self.arrivals)
+        extra = got - expected
+        duplicated = sum(n - 1 for key, n in got.items() if n > 1 and key in expected)
+        lost = expected - got
+        seconds = int(max((t for _s, _q, t in self.arrivals), default=0.0)) + 1
+        per_second = np.bincount(
+            np.asarray([int(t) for _s, _q, t in self.arrivals], dtype=np.int64), minlength=seconds
+        )
+        return {
+            "published": len(self.sent),
+            "acknowledged": self.acked,
+            "refused": self.refusals,
+            "expected": expected.total(),
+            "delivered": got.total(),
+            "lost": lost.total(),
+            "duplicated": duplicated,
+            "unexpected": extra.total() - duplicated,
+            "faults": self.events,
+            "delivered_per_second": per_second.tolist(),
+            "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
+        }
+
+
+def _print(summary: dict[str, Any]) -> None:
+    for key in ("published", "acknowledged", "refused", "expected", "delivered", "lost"):
+        print(f"{key:>13}: {summary[key]:,}")
+    print(f"{'duplicated':>13}: {summary['duplicated']:,}")
+    print(f"{'unexpected':>13}: {summary['unexpected']:,}")
+    for event in summary["faults"]:
+        print(
+            f"  t={event['t']:>7} s  {event['fault']:<13} detected {event['detection_s']} s, "
+            f"whole {event['recovery_s']} s"
+        )
+
+
+def _plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(11, 4))
+    rates = summary["delivered_per_second"]
+    axes.plot(range(len(rates)), rates, color="tab:blue", label="notifications delivered/s")
+    for event in summary["faults"]:
+        axes.axvline(event["t"], color="tab:red", alpha=0.6)
+        axes.annotate(
+            event["fault"], (event["t"] + 0.3, 0.6 * max(rates or [1])), rotation=90, fontsize=7
+        )
+        if event.get("recovery_s") is not None:
+            axes.axvline(event["t"] + event["recovery_s"], color="tab:green", alpha=0.5)
+    axes.set_xlabel("seconds")
+    axes.set_ylabel("notifications/s")
+    axes.set_title(
+        f"silbo bench chaos: {summary['lost']:,} of {summary['expected']:,} lost, "
+        f"{summary['duplicated']} duplicated (red: fault, green: layer whole again)"
+    )
+    axes.legend(loc="lower left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _say(message: str) -> None:
+    print(f"[chaos] {message}", file=sys.stderr, flush=True)
