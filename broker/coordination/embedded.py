@@ -85,7 +85,7 @@ _PORT_ATTEMPTS = 3
 HOST = "127.0.0.1"
 
 _INSTALL_HINT = (
-    "install the Silbo dependencies (pip install pyspark, which ships ZooKeeper's jars) "
+    "install silbo[spark] (pip install 'silbo[spark]': pyspark ships ZooKeeper's jars) "
     "or Debian's ZooKeeper (apt-get install zookeeper)"
 )
 _LOG4J2 = """\

@@ -91,7 +91,7 @@ def test_java_is_found_in_java_home_first(tmp_path: Path) -> None:
 
 
 def test_missing_jars_are_a_typed_error(tmp_path: Path) -> None:
-    with pytest.raises(ZooKeeperJarsNotFound, match="pip install pyspark"):
+    with pytest.raises(ZooKeeperJarsNotFound, match=r"silbo\[spark\]"):
         EmbeddedZooKeeper(jar_dirs=[tmp_path]).start()
     with pytest.raises(ZooKeeperJarsNotFound):
         find_classpath([])
