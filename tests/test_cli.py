@@ -17,6 +17,9 @@ import pytest
 import broker
 from broker.cli import main
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 _TIMEOUT = 120
 
 

@@ -24,6 +24,9 @@ from broker.coordination.errors import (
     ZooKeeperJarsNotFound,
 )
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 def _gone(pid: int) -> bool:
     try:
