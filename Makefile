@@ -4,14 +4,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench clean
+.PHONY: install test test-fast lint typecheck pytest demo bench clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[spark,bench,test]'
 	touch $(STAMP)
 
 lint: install
@@ -21,8 +21,17 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
+# The suite runs on pytest-xdist workers: 4 on a 2-core machine, as the process tests mostly
+# wait (PYTEST_WORKERS=0 runs it serially); loadgroup keeps the Spark tests on one worker.
+PYTEST_WORKERS ?= 4
+export HYPOTHESIS_PROFILE ?= ci
+
 pytest: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
+
+# the unit and property tests only (no processes, no Spark)
+test-fast: install
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

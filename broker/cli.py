@@ -26,11 +26,11 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
-from broker import demo, demo_cluster
+from broker import __version__, demo, demo_cluster
 from broker.bench import chaos, e2e, match, ngsi, scale, spark
 from broker.commands import admin, down, publish, replay, run, subscribe, up
+from broker.errors import MissingExtra
 
 __all__ = ["build_parser", "main"]
 
@@ -64,20 +64,13 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
 )
 
 
-def _version() -> str:
-    try:
-        return metadata.version("silbo")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``silbo`` argument parser, with every command and its options."""
     parser = argparse.ArgumentParser(
         prog="silbo",
         description="Silbo: an elastic content-based publish/subscribe broker (NGSI v2).",
     )
-    parser.add_argument("--version", action="version", version=f"silbo {_version()}")
+    parser.add_argument("--version", action="version", version=f"silbo {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help_text, configure in _COMMANDS:
         configure(commands.add_parser(name, help=help_text, description=help_text))
@@ -99,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
+    except MissingExtra as exc:
+        print(f"silbo: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -13,8 +13,9 @@ The tree::
     │   └── SerializationError  a msgpack payload is corrupt or of an unknown version
     ├── NotFound                the named subscription or entity does not exist (NOT_FOUND, 404)
     ├── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
-    └── Unavailable             the cluster cannot serve the request now: no access point,
-                                no acknowledgement in time (UNAVAILABLE, 503); retry later
+    ├── Unavailable             the cluster cannot serve the request now: no access point,
+    │                           no acknowledgement in time (UNAVAILABLE, 503); retry later
+    └── MissingExtra            a command needs an optional part not installed (silbo[spark], ...)
 
 Foreign exceptions are translated at the boundary where they enter (``raise X(...) from exc``);
 the rest of the code only ever sees these.
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidSubscription",
     "InvalidUpdate",
     "InvalidValue",
+    "MissingExtra",
     "NotFound",
     "QuerySyntaxError",
     "SerializationError",
@@ -98,6 +100,10 @@ class AlreadyExists(SilboError):
 
 class Unavailable(SilboError):
     """The cluster cannot serve the request now (a peer is missing or did not answer)."""
+
+
+class MissingExtra(SilboError):
+    """A command needs an optional part of Silbo that is not installed (an extra)."""
 
 
 @dataclass(frozen=True, slots=True)

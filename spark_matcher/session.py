@@ -18,6 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from broker.extras import require
+
 __all__ = ["DEFAULT_MASTER", "spark_session", "stop_session"]
 
 DEFAULT_MASTER = "local[*]"
@@ -34,6 +36,7 @@ def spark_session(master: str | None = None, *, verbose: bool | None = None) -> 
     """The process's SparkSession, started on first use (later calls return the same one;
     ``master`` only counts for the first)."""
     global _session
+    require("spark", "the Spark matcher")
     with _lock:
         if _session is not None:
             return _session

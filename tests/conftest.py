@@ -6,6 +6,14 @@ Profiles (choose with ``HYPOTHESIS_PROFILE``, default ``ci``):
 - ``dev``: a fifth of the examples, for quick local runs.
 
 Tests scale their own ``max_examples`` by the profile with :func:`strategies.examples`.
+
+Markers: ``slow`` is every test that starts processes (ZooKeeper, a cluster, Spark, ``silbo``
+as a subprocess, a wheel build); the unmarked rest are unit and property tests
+(``pytest -m "not slow"``). A test that uses a fixture of :data:`SLOW_FIXTURES` is marked
+here; a module that starts processes by itself says ``pytestmark = pytest.mark.slow``.
+Under pytest-xdist (``make test`` runs ``-n``), each worker has its own session fixtures; the
+Spark tests go to one worker (``xdist_group("spark")`` with ``--dist loadgroup``), so one
+Spark driver runs, not one per worker.
 """
 
 from __future__ import annotations
@@ -38,6 +46,19 @@ settings.register_profile(
     max_examples=20,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+SLOW_FIXTURES = frozenset({"zookeeper", "spark", "start_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that use a process-starting fixture slow; put the Spark ones together."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if "spark" in used:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

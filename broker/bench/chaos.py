@@ -48,6 +48,7 @@ from broker.client import Client
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.errors import SilboError
+from broker.extras import require
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
@@ -328,6 +329,7 @@ def _print(summary: dict[str, Any]) -> None:
 
 
 def _plot(summary: dict[str, Any], path: Path) -> None:
+    require("bench", "the plot of silbo bench chaos")
     import matplotlib
 
     matplotlib.use("Agg")

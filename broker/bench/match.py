@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import psutil
+
 from broker.bench.workloads import WORKLOADS
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
@@ -122,11 +124,10 @@ def make_matcher(engine: str) -> Matcher:
 
 
 def _rss_bytes() -> int:
-    """This process's resident set size now (Linux /proc; 0 where unavailable)."""
+    """This process's resident set size now (0 where unavailable)."""
     try:
-        with open("/proc/self/statm", encoding="ascii") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        return int(psutil.Process().memory_info().rss)
+    except psutil.Error:
         return 0
 
 
@@ -211,13 +212,9 @@ def _cpu_model() -> str:
 
 def _memory_total() -> int | None:
     try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+        return int(psutil.virtual_memory().total)
+    except (psutil.Error, OSError):
+        return None
 
 
 def machine_info() -> dict[str, Any]:

@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from broker.extras import require
+
 __all__ = [
     "WINDOW_S",
     "ScaleWindow",
@@ -151,6 +153,7 @@ def throughput_around(
 def plot(summary: dict[str, Any], path: Path) -> None:
     """Write the time line as a PNG: updates/s above, p50/p99 latency below, scales marked."""
     # imported here: every silbo command loads this module, few of them plot
+    require("bench", "the plot of silbo bench")
     from matplotlib.figure import Figure
 
     column = {key: np.array(values, dtype=np.float64) for key, values in summary["series"].items()}

@@ -68,6 +68,7 @@ from broker.coordination.membership import Member, members
 from broker.errors import InvalidInput, SilboError
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.runtime.options import DEFAULT_CLUSTER, Role
+from broker.runtime.processes import command_line, running
 
 __all__ = [
     "ClusterBusy",
@@ -725,7 +726,7 @@ def stop_cluster(state_dir: Path, *, grace: float = STOP_GRACE, out: IO[str] | N
     supervisors = [pid for pid, kind in alive if kind == "supervisor"]
     children = [pid for pid, kind in alive if kind == "process"]
     _terminate(supervisors, grace=2 * grace + 5)  # it takes up to grace per stage to stop
-    _terminate([pid for pid in children if _running(pid)], grace=grace)
+    _terminate([pid for pid in children if running(pid)], grace=grace)
     zookeeper = description.get("zookeeper") or {}
     if zookeeper.get("embedded") and zookeeper.get("data_dir"):
         stop_detached(zookeeper["data_dir"], timeout=grace)
@@ -764,7 +765,7 @@ def _live(description: dict[str, Any]) -> list[tuple[int, str]]:
 def _terminate(pids: list[int], *, grace: float) -> None:
     """SIGTERM ``pids``, wait up to ``grace`` seconds, SIGKILL what is left and wait for it."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        pids = [pid for pid in pids if _running(pid)]
+        pids = [pid for pid in pids if running(pid)]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
@@ -774,13 +775,13 @@ def _terminate(pids: list[int], *, grace: float) -> None:
 def _wait_gone(pids: Iterable[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     pids = list(pids)
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
 def _may_be_alive(member: Member) -> bool:
     """False for a registration on this host whose process is gone (its session lingers)."""
-    return not (member.address.startswith("127.") and not _running(member.pid))
+    return not (member.address.startswith("127.") and not running(member.pid))
 
 
 def _close(client: KazooClient) -> None:
@@ -802,26 +803,13 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    fields = _stat_fields(pid)
-    return fields is not None and bool(fields) and fields[0] not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _same_process(pid: int, start_time: object, marker: str) -> bool:
     """Whether ``pid`` runs and is the process recorded (its start time, else its command)."""
-    if not _running(pid):
+    if not running(pid):
         return False
     if isinstance(start_time, int):
         return _start_time(pid) == start_time
-    return marker in _cmdline(pid)  # written by an older version: no start time recorded
+    return marker in command_line(pid)  # written by an older version: no start time recorded
 
 
 def _tail(path: Path, lines: int = 20) -> str:

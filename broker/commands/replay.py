@@ -38,7 +38,8 @@ from broker.commands.publish import positive_int
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.membership import members
-from broker.errors import InvalidInput, QuerySyntaxError, SilboError
+from broker.errors import InvalidInput, MissingExtra, QuerySyntaxError, SilboError
+from broker.extras import require
 from broker.model.identifiers import DEFAULT_SCOPE, check_scope, check_tenant
 from broker.model.subscription import Subscription
 from broker.ngsi.allow import AllowList
@@ -287,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay the updates; print a summary line. Exit 0, 2 for bad input, 1 for failures."""
     try:
         return _replay(args, Progress(sys.stderr))
-    except InvalidInput as exc:
+    except (InvalidInput, MissingExtra) as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
     except SilboError as exc:
@@ -321,6 +322,7 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _replay(args: argparse.Namespace, progress: Progress) -> int:
+    require("spark", "silbo replay")
     from spark_matcher import open_matcher
     from spark_matcher.session import spark_session
     from spark_matcher.source import read_lines

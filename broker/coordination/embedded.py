@@ -57,6 +57,7 @@ from broker.coordination.errors import (
     ServerStartTimeout,
     ZooKeeperJarsNotFound,
 )
+from broker.runtime.processes import command_line, running
 
 __all__ = [
     "DEBIAN_JAR_DIRS",
@@ -85,7 +86,7 @@ _PORT_ATTEMPTS = 3
 HOST = "127.0.0.1"
 
 _INSTALL_HINT = (
-    "install the Silbo dependencies (pip install pyspark, which ships ZooKeeper's jars) "
+    "install silbo[spark] (pip install 'silbo[spark]': pyspark ships ZooKeeper's jars) "
     "or Debian's ZooKeeper (apt-get install zookeeper)"
 )
 _LOG4J2 = """\
@@ -475,9 +476,9 @@ def stop_detached(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bo
     pid_file = Path(data_dir) / "zookeeper.pid"
     try:
         pid = int(pid_file.read_text().strip())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except (OSError, ValueError):
         return False
+    command = command_line(pid)
     if MAIN_CLASS not in command or not (
         str(Path(data_dir).resolve()) in command or str(data_dir) in command
     ):
@@ -487,20 +488,13 @@ def stop_detached(data_dir: str | os.PathLike[str], timeout: float = 10.0) -> bo
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
         while time.monotonic() < deadline or sig == signal.SIGKILL:
-            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            if not running(pid):
                 pid_file.unlink(missing_ok=True)
                 return True
             time.sleep(0.05)
             if sig == signal.SIGKILL and time.monotonic() > deadline + 5:
                 break
     return False
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 # Servers started and not yet stopped, so that interpreter exit stops them (last resort).

@@ -17,12 +17,15 @@ most ``MAX_BODY`` bytes once decompressed (413, so a gzip bomb stops at 1 MB), a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -90,11 +93,41 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def dumps(value: Any) -> str:
+    """``value`` as JSON text: orjson, or the json module for what orjson refuses (integers
+    past 64 bits, non-string keys)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
+def loads(data: bytes) -> Any:
+    """Parsed JSON: orjson, or the json module where orjson refuses (NaN, deep nesting) or
+    differs (it reads an integer past 64 bits as a float), so the answers stay the json
+    module's."""
+    if _LONG_DIGITS.search(data) is None:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            return orjson.loads(data)
+    return json.loads(data)
+
+
+# 19 digits in a row: perhaps an integer past 64 bits
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
+def json_response(
+    body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """A JSON answer, encoded by :func:`dumps`."""
+    return web.json_response(body, status=status, headers=headers, dumps=dumps)
+
+
 def error_response(exc: SilboError) -> web.Response:
     """The NGSI error answer of ``exc``."""
     mapping = mapping_for(exc)
     body = {"error": mapping.ngsi_error, "description": str(exc)}
-    return web.json_response(body, status=mapping.http_status)
+    return json_response(body, status=mapping.http_status)
 
 
 def correlator_of(request: web.Request) -> str:
@@ -124,13 +157,13 @@ async def checks(request: web.Request, handler: Handler) -> web.StreamResponse:
             InvalidInput("Service not found. Check your URL as probably it is wrong.")
         )
     except web.HTTPException as exc:
-        response = web.json_response(
+        response = json_response(
             {"error": exc.reason.replace(" ", ""), "description": exc.text or exc.reason},
             status=exc.status,
         )
     except Exception as exc:  # a bug costs one request, never the server
         _log.exception("%s %s failed", request.method, request.path)
-        response = web.json_response(
+        response = json_response(
             {"error": "InternalServerError", "description": f"the request failed: {exc!r}"},
             status=500,
         )
@@ -205,7 +238,7 @@ async def read_json(request: web.Request, *, required: bool = True) -> Any:
             raise InvalidInput("empty payload")
         return None
     try:
-        document = json.loads(data)
+        document = loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ParseError("Errors found in incoming JSON buffer") from None
     except RecursionError:

@@ -34,6 +34,7 @@ from broker.ngsi.errors import NotServed, PartialUpdate
 from broker.ngsi.front import ORION_VERSION, NgsiFront
 from broker.ngsi.request import (
     correlator_of,
+    json_response,
     options_of,
     read_body,
     read_json,
@@ -134,7 +135,7 @@ class _Routes:
     # -- about -------------------------------------------------------------------------------
 
     async def version(self, request: web.Request) -> web.Response:
-        return web.json_response(
+        return json_response(
             {
                 "orion": {
                     "version": ORION_VERSION,
@@ -153,7 +154,7 @@ class _Routes:
         )
 
     async def entry_points(self, request: web.Request) -> web.Response:
-        return web.json_response(
+        return json_response(
             {
                 "entities_url": "/v2/entities",
                 "types_url": "/v2/types",
@@ -368,7 +369,7 @@ class _Routes:
                 "Fiware-Total-Count": str(len(mine)),
                 CREATED: json.dumps([[s.created, s.id] for s in chosen]),
             }
-            return web.json_response([s.to_json(now) for s in chosen], headers=headers)
+            return json_response([s.to_json(now) for s in chosen], headers=headers)
         rows: list[tuple[float, str, dict[str, Any]]] = [
             (s.created, s.id, s.to_json(now)) for s in mine[: offset + limit]
         ]
@@ -383,7 +384,7 @@ class _Routes:
         rows.sort(key=lambda row: (row[0], row[1]))
         page = [row[2] for row in rows[offset : offset + limit]]
         headers = {"Fiware-Total-Count": str(total)} if "count" in options else {}
-        return web.json_response(page, headers=headers)
+        return json_response(page, headers=headers)
 
     async def _listed_at(
         self, address: str, request: web.Request, first: int
@@ -418,7 +419,7 @@ class _Routes:
         found = await self.front.find(tenant_of(request), request.match_info["sid"])
         if isinstance(found, str):
             return await self._forward(request, found)
-        return web.json_response(found.to_json(_now()))
+        return json_response(found.to_json(_now()))
 
     async def patch_subscription(self, request: web.Request) -> web.StreamResponse:
         options_of(request)

@@ -19,6 +19,9 @@ from broker.cli import main
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.coordination.scaling import ScaleOutcome
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 SUBSCRIPTIONS = 2000
 
 Run = tuple[subprocess.CompletedProcess[str], Path]  # the finished command, its --out

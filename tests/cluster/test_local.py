@@ -33,6 +33,9 @@ from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.errors import InvalidInput
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def clusters() -> Iterator[list[LocalCluster]]:

@@ -26,6 +26,9 @@ import pytest
 from broker.commands import down, up
 from broker.coordination.embedded import EmbeddedZooKeeper
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 UP = [sys.executable, "-m", "broker.commands.up"]
 DOWN = [sys.executable, "-m", "broker.commands.down"]
 START_TIMEOUT = 60.0

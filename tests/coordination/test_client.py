@@ -18,6 +18,9 @@ from broker.coordination.embedded import EmbeddedZooKeeper, free_port
 from broker.coordination.errors import ZooKeeperUnavailable
 from broker.errors import InvalidIdentifier, InvalidInput
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 def test_an_unreachable_zookeeper_is_a_typed_error_within_the_timeout() -> None:
     began = time.monotonic()

@@ -24,6 +24,9 @@ from broker.coordination.errors import (
     ZooKeeperJarsNotFound,
 )
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 def _gone(pid: int) -> bool:
     try:
@@ -91,7 +94,7 @@ def test_java_is_found_in_java_home_first(tmp_path: Path) -> None:
 
 
 def test_missing_jars_are_a_typed_error(tmp_path: Path) -> None:
-    with pytest.raises(ZooKeeperJarsNotFound, match="pip install pyspark"):
+    with pytest.raises(ZooKeeperJarsNotFound, match=r"silbo\[spark\]"):
         EmbeddedZooKeeper(jar_dirs=[tmp_path]).start()
     with pytest.raises(ZooKeeperJarsNotFound):
         find_classpath([])

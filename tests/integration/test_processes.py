@@ -33,6 +33,9 @@ from broker.coordination.membership import Member, members
 from broker.model.update import ContextUpdate
 from integration.conftest import wait_until
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 ROLES = ("connection-point", "access-point", "matcher", "exit-point")
 
 

@@ -23,6 +23,9 @@ from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cli import main
 from broker.coordination.embedded import EmbeddedZooKeeper
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("clients", ["0", "22"])
 def test_bad_clients_exit_2_before_anything_starts(

@@ -13,6 +13,9 @@ from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.errors import InvalidInput
 from broker.runtime.options import ProcessOptions, Role
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 
 def test_http_listen_is_an_address_of_a_connection_point() -> None:
     ProcessOptions(Role.CONNECTION_POINT, zk="h:1", http_listen="127.0.0.1:0")

@@ -28,6 +28,9 @@ from broker.runtime.options import Role
 from ngsi.conftest import Front, Receiver, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
 
+# these tests start processes (ZooKeeper, silbo, a cluster)
+pytestmark = pytest.mark.slow
+
 ADOPTED = 40.0  # seconds for a dead front's session to end and its subscriptions be adopted
 
 
