@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kazoo.client import KazooClient
 
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.client import Client
@@ -116,6 +117,7 @@ class _Run:
         self.stop_publishing = threading.Event()
         self.started = 0.0
         self.events: list[dict[str, Any]] = []
+        self.client: KazooClient | None = None
 
     def run(self) -> dict[str, Any]:
         up = self._up()
@@ -140,6 +142,9 @@ class _Run:
             self._wait_end()
             subscriber.close()
         finally:
+            if self.client is not None:
+                self.client.stop()
+                self.client.close()
             up.send_signal(signal.SIGTERM)
             try:
                 up.wait(timeout=90)
@@ -175,20 +180,16 @@ class _Run:
         return found
 
     def _configuration(self) -> Configuration | None:
+        """The configuration, through one client kept for the run (it reconnects after a
+        ZooKeeper restart: same port); None while ZooKeeper does not answer."""
         try:
-            client = connect(
-                self._description()["zookeeper"]["address"], cluster="silbo", timeout=2
-            )
+            if self.client is None:
+                address = self._description()["zookeeper"]["address"]
+                self.client = connect(address, cluster="silbo", timeout=2)
+            current = ClusterConfiguration(self.client).read()
         except (SilboError, OSError, ValueError):
             return None
-        try:
-            current = ClusterConfiguration(client).read()
-            return current.configuration if current else None
-        except SilboError:
-            return None
-        finally:
-            client.stop()
-            client.close()
+        return current.configuration if current else None
 
     # -- load -----------------------------------------------------------------------------
 

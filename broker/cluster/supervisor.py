@@ -92,6 +92,7 @@ class Supervisor:
         self._client: KazooClient | None = None
         self._scaling: threading.Thread | None = None
         self._next_scale = 0.0
+        self._restoring = False  # a process was restarted: its layer may be short of one
 
     def close(self) -> None:
         """Stop using ZooKeeper (a scale under way finishes in its thread)."""
@@ -117,7 +118,8 @@ class Supervisor:
                 self._check_process(entry)
             self._restart_due()
             self._learn_names(description)
-            self._restore_sizes()
+            if self._restoring:
+                self._restore_sizes(description)
         except SilboError as exc:
             _log.warning("supervisor check failed (%s); trying again", exc)
 
@@ -183,6 +185,7 @@ class Supervisor:
 
             update_description(self._state_dir, swap)
             self._say(f"{slot.role.value} restarted (pid {process.pid}, restart {slot.restarts})")
+            self._restoring = True
 
     def _learn_names(self, description: dict[str, Any]) -> None:
         unnamed = [p for p in description.get("processes") or [] if not p.get("name")]
@@ -203,7 +206,8 @@ class Supervisor:
 
     # -- layers back to their size --------------------------------------------------------
 
-    def _restore_sizes(self) -> None:
+    def _restore_sizes(self, description: dict[str, Any]) -> None:
+        """Scale a layer short of its size back to it (after a restart: ``_restoring``)."""
         if self._scaling is not None and self._scaling.is_alive():
             return
         if time.monotonic() < self._next_scale:
@@ -214,11 +218,8 @@ class Supervisor:
             return
         configuration = current.configuration
         layout = read_layout(self._state_dir)
-        ours = {
-            p.get("name")
-            for p in (read_cluster(self._state_dir) or {}).get("processes") or []
-            if p.get("name")
-        }
+        ours = {p.get("name") for p in description.get("processes") or [] if p.get("name")}
+        short = False
         for role, layer in _LAYER_OF.items():
             named = getattr(configuration, layer.replace("-", "_"))
             if role is not Role.MATCHER and not named:
@@ -229,6 +230,7 @@ class Supervisor:
             now = serving(client, configuration, layer)
             wanted = layout.get(layer.replace("-", "_"), len(now))
             idle = [m for m in sorted(live - set(now)) if m in ours]
+            short = short or len(now) < wanted
             if len(now) < wanted and idle:
                 names = now + idle[: wanted - len(now)]
                 self._scaling = threading.Thread(
@@ -236,6 +238,7 @@ class Supervisor:
                 )
                 self._scaling.start()
                 return
+        self._restoring = short  # until every layer has its size again
 
     def _scale(self, layer: str, names: list[str]) -> None:
         self._say(f"scaling {layer} back to {len(names)}")
