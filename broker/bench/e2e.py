@@ -1,7 +1,10 @@
 """``silbo bench e2e``: sustained throughput and latency of a whole cluster, end to end.
 
     silbo bench e2e --subscriptions 10000 --rate max|R --duration 30 [--batch 200]
-                    [--matchers 2] [--state-dir DIR] [--runs N] [--json]
+                    [--matchers 2] [--replicas 2|1,2] [--state-dir DIR] [--runs N] [--json]
+
+``--replicas 1,2`` measures each count in turn (runs alternating, so both see the same
+machine) and reports each one's medians and the throughput ratio of the last to the first.
 
 One run:
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import sys
 import tempfile
@@ -40,10 +44,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from broker.bench.match import run_and_report
+from broker.bench.match import machine_info, run_and_report
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.configuration import DEFAULT_REPLICAS
 from broker.matching import Engine
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
@@ -72,6 +77,7 @@ class E2eReport:
     duration_s: float
     batch: int
     matchers: int
+    replicas: int = DEFAULT_REPLICAS
     updates: int = 0
     updates_per_s: float = 0.0
     offered_per_s: float = 0.0
@@ -135,6 +141,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=200, help="updates per publish batch")
     parser.add_argument("--window", type=int, default=8, help="publish batches in flight")
     parser.add_argument("--matchers", type=int, default=2)
+    parser.add_argument(
+        "--replicas",
+        default=str(DEFAULT_REPLICAS),
+        help=f"matchers holding each subscription (default {DEFAULT_REPLICAS}); a list "
+        "(1,2) compares them",
+    )
     parser.add_argument("--state-dir", default=None, help="use this running cluster instead")
     parser.add_argument("--drain", type=float, default=60.0, help="seconds to wait at the end")
     parser.add_argument("--runs", type=int, default=1, help="runs (medians reported)")
@@ -148,21 +160,74 @@ def run(args: argparse.Namespace) -> int:
     if args.rate != "max" and (not args.rate.isdigit() or int(args.rate) <= 0):
         print("silbo bench e2e: error: --rate must be a positive integer or max", file=sys.stderr)
         return 2
-    report = run_and_report(args, run_once, _median, _print, _say)
-    bad = report.lost or report.duplicated or report.unexpected or report.out_of_order
+    try:
+        counts = [int(part) for part in str(args.replicas).split(",")]
+        if not counts or min(counts) < 1:
+            raise ValueError
+    except ValueError:
+        print(
+            "silbo bench e2e: error: --replicas must be a positive integer or a comma-separated "
+            "list of them",
+            file=sys.stderr,
+        )
+        return 2
+    if len(counts) == 1:
+        args.replicas = counts[0]
+        report = run_and_report(args, run_once, _median, _print, _say)
+        reports = [report]
+    else:
+        reports = _compare(args, counts)
+    bad = any(r.lost or r.duplicated or r.unexpected or r.out_of_order for r in reports)
     return 1 if bad else 0
+
+
+def _compare(args: argparse.Namespace, counts: list[int]) -> list[E2eReport]:
+    """Runs alternating over the replica counts; each count's median and the ratio."""
+    runs: dict[int, list[E2eReport]] = {count: [] for count in counts}
+    for i in range(args.runs):
+        for count in counts:
+            _say(f"run {i + 1}/{args.runs}, {count} replicas")
+            args.replicas = count
+            runs[count].append(run_once(args))
+    medians = {count: _median(reports) for count, reports in runs.items()}
+    first, last = medians[counts[0]], medians[counts[-1]]
+    ratio = round(last.updates_per_s / first.updates_per_s, 3) if first.updates_per_s else 0.0
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "by_replicas": {str(c): asdict(m) for c, m in medians.items()},
+                    "runs": {str(c): [asdict(r) for r in rs] for c, rs in runs.items()},
+                    "throughput_ratio": ratio,
+                    "machine": machine_info(),
+                    "command": getattr(args, "command_line", ""),
+                },
+                indent=2,
+            )
+        )
+    else:
+        for report in medians.values():
+            _print(report)
+        print(f"throughput with {counts[-1]} replicas / with {counts[0]}: {ratio:.2f}")
+    return list(medians.values())
 
 
 def run_once(args: argparse.Namespace) -> E2eReport:
     """One run (see the module doc)."""
-    report = E2eReport(args.subscriptions, str(args.rate), args.duration, args.batch, args.matchers)
+    report = E2eReport(
+        args.subscriptions, str(args.rate), args.duration, args.batch, args.matchers, args.replicas
+    )
     cluster = None
     if args.state_dir:
         client_targets = Client.from_state_dir(args.state_dir).target
     else:
         state = Path(tempfile.mkdtemp(prefix="silbo-e2e-"))
         spec = ClusterSpec(
-            matchers=args.matchers, grpc_port=0, state_dir=state, log_level="WARNING"
+            matchers=args.matchers,
+            grpc_port=0,
+            state_dir=state,
+            log_level="WARNING",
+            replicas=args.replicas,
         )
         _say(f"starting a cluster ({args.matchers} matchers) in {state}")
         cluster = LocalCluster(spec)
@@ -375,7 +440,8 @@ def _median(reports: list[E2eReport]) -> E2eReport:
 
 def _print(report: E2eReport) -> None:
     print(
-        f"W-IoT e2e, {report.subscriptions} subscriptions, {report.matchers} matchers, "
+        f"W-IoT e2e, {report.subscriptions} subscriptions, {report.matchers} matchers "
+        f"({report.replicas} replicas), "
         f"rate {report.rate}, batch {report.batch}\n"
         f"  updates: {report.updates} at {report.updates_per_s:,.0f}/s sustained "
         f"(offered {report.offered_per_s:,.0f}/s)\n"

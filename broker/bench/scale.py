@@ -87,7 +87,7 @@ from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.client import connect
-from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.configuration import DEFAULT_REPLICAS, ClusterConfiguration
 from broker.coordination.membership import members
 from broker.coordination.scaling import ScaleOutcome, scale_matchers
 from broker.model.subscription import EntitySelector, Subscription
@@ -295,6 +295,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=int, default=1000, help="updates/s offered, constant")
     parser.add_argument("--phase", type=float, default=20.0, help="seconds per step")
     parser.add_argument("--batch", type=int, default=50, help="updates per publish batch")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=DEFAULT_REPLICAS,
+        help=f"matchers holding each subscription (default {DEFAULT_REPLICAS})",
+    )
     parser.add_argument("--out", default="bench-out", help="where scale.json and scale.png go")
     parser.add_argument("--state-dir", default=None, help="the cluster's logs (default: a tmp dir)")
     parser.add_argument("--zk", default=None, help="use this ZooKeeper HOST:PORT (else embedded)")
@@ -347,7 +353,14 @@ def _steps(text: str) -> list[int]:
 def _run_scenario(args: argparse.Namespace, steps: list[int]) -> dict[str, Any]:
     state = Path(args.state_dir or tempfile.mkdtemp(prefix="silbo-bench-scale-"))
     name = f"bench-scale-{uuid.uuid4().hex[:8]}" if args.zk else "silbo"
-    spec = ClusterSpec(matchers=steps[0], grpc_port=0, zk=args.zk, cluster=name, state_dir=state)
+    spec = ClusterSpec(
+        matchers=steps[0],
+        grpc_port=0,
+        zk=args.zk,
+        cluster=name,
+        state_dir=state,
+        replicas=args.replicas,
+    )
     _say(f"starting a cluster ({steps[0]} matchers), logs in {state / 'logs'}")
     with LocalCluster(spec) as cluster:
         measured = _measure(args, steps, cluster)

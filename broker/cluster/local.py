@@ -61,7 +61,12 @@ from kazoo.exceptions import NoNodeError
 
 from broker.cluster.durable import clear_previous_run, layout_of, purge, write_layout
 from broker.coordination.client import chroot_of, connect
-from broker.coordination.configuration import CONFIG, ClusterConfiguration, Configuration
+from broker.coordination.configuration import (
+    CONFIG,
+    DEFAULT_REPLICAS,
+    ClusterConfiguration,
+    Configuration,
+)
 from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, stop_detached
 from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
@@ -128,6 +133,7 @@ class ClusterSpec:
     http_read_timeout: float = 30.0  # --http-read-timeout of every connection point
     retry_window: float = DEFAULT_WINDOW  # --retry-window of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
+    replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
     state_dir: Path = Path(".silbo")
@@ -138,7 +144,13 @@ class ClusterSpec:
     def __post_init__(self) -> None:
         problems = [
             f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}"
-            for name in ("matchers", "access_points", "exit_points", "connection_points")
+            for name in (
+                "matchers",
+                "access_points",
+                "exit_points",
+                "connection_points",
+                "replicas",
+            )
             if getattr(self, name) < 1
         ]
         last = self.grpc_port + max(self.connection_points, 1) - 1
@@ -602,6 +614,7 @@ class LocalCluster:
                 ours(Role.MATCHER),
                 exit_points=ours(Role.EXIT_POINT),
                 access_points=ours(Role.ACCESS_POINT),
+                replicas=self.spec.replicas,
             )
             try:
                 ClusterConfiguration(client).create(first)

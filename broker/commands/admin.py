@@ -26,7 +26,11 @@ import grpc
 
 from broker.cluster.local import add_processes, retire_processes
 from broker.coordination.client import connect
-from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.configuration import (
+    DEFAULT_REPLICAS,
+    ClusterConfiguration,
+    Configuration,
+)
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
 from broker.coordination.repair import repair_once
@@ -50,6 +54,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _where(init)
     init.add_argument("--matchers", type=int, required=True, help="matchers to wait for")
     init.add_argument("--timeout", type=float, default=60.0, help="seconds to wait")
+    init.add_argument(
+        "--replicas",
+        type=int,
+        default=DEFAULT_REPLICAS,
+        help=f"matchers that hold each subscription (default {DEFAULT_REPLICAS})",
+    )
     init.set_defaults(handler=run_init)
     status = commands.add_parser("status", help="processes, epoch, subscriptions and rates")
     _where(status)
@@ -92,7 +102,9 @@ def run_init(args: argparse.Namespace) -> int:
         hosts, cluster = cluster_address(args)
         client = connect(hosts, cluster=cluster, timeout=10.0)
         try:
-            configuration = form(client, args.matchers, timeout=args.timeout)
+            configuration = form(
+                client, args.matchers, timeout=args.timeout, replicas=args.replicas
+            )
         finally:
             client.stop()
             client.close()
@@ -234,6 +246,9 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         "dead": _unregistered(configuration, found) if configuration else [],
         # members repairs removed because they died, oldest first
         "failed": list(configuration.failed) if configuration else [],
+        # matchers configured to hold each subscription, and how many live ones do now
+        "replicas": configuration.replicas if configuration else None,
+        "replicas_live": _live_replicas(configuration, found) if configuration else None,
     }
     plan = scale.plan
     if plan is not None:
@@ -245,6 +260,14 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
             else f"stale plan {what}: its coordinator died; {ending}; the next scale removes it"
         )
     return status
+
+
+def _live_replicas(configuration: Configuration, found: Sequence[Member]) -> int:
+    """The fewest live holders a subscription has: the width of the preference lists less
+    the dead matchers not repaired yet (each may be on a list)."""
+    live = {m.name for m in found}
+    dead = sum(1 for name in configuration.matchers if name not in live)
+    return max(0, configuration.selector.width - dead)
 
 
 def _unregistered(configuration: Configuration, found: Sequence[Member]) -> list[str]:
@@ -283,6 +306,10 @@ def run_status(args: argparse.Namespace) -> int:
     layers = ", ".join(f"{n} {layer}" for layer, n in status["layers"].items())
     print(f"cluster {status['cluster']} (ZooKeeper {status['zookeeper']}): epoch {status['epoch']}")
     print(f"processes: {layers}")
+    if status["replicas"] is not None:
+        degraded = status["replicas_live"] < status["replicas"]
+        note = " (degraded: fewer live holders than configured)" if degraded else ""
+        print(f"replicas: {status['replicas']}, live {status['replicas_live']}{note}")
     if status.get("scale"):
         print(f"scale: {status['scale']}")
     if status["dead"]:

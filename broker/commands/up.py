@@ -63,6 +63,7 @@ from broker.commands.run import (
     add_spark_offload,
     add_status_flush,
 )
+from broker.coordination.configuration import DEFAULT_REPLICAS
 from broker.coordination.errors import (
     JavaNotFound,
     PortInUse,
@@ -134,6 +135,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=DEFAULT_REPLICAS,
+        help="matchers that hold each subscription, so that one dies or hangs without a "
+        f"notification lost (default {DEFAULT_REPLICAS}; 1: no copies). A cluster formed "
+        "before keeps the count it was formed with",
+    )
     add_status_flush(parser)
     add_http_read_timeout(parser)
     add_retry_window(parser)
@@ -183,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             http_read_timeout=args.http_read_timeout,
             retry_window=args.retry_window,
             spark_offload=args.spark_offload,
+            replicas=args.replicas,
             zk=args.zk,
             cluster=args.cluster,
             state_dir=Path(args.state_dir),

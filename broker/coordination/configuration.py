@@ -4,7 +4,8 @@ Layout (under the cluster's chroot)::
 
     /config     persistent; JSON data:
         {"epoch": 3, "matchers": ["m1", "m2"],
-         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
+         "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"],
+                      "replicas": 2},
          "exit_points": ["ep1"], "access_points": ["ap1"], "failed": []}
 
 ``exit_points`` and ``access_points`` name the processes of those layers that serve in this
@@ -49,6 +50,7 @@ from broker.partition.selector import RendezvousSelector
 
 __all__ = [
     "CONFIG",
+    "DEFAULT_REPLICAS",
     "ClusterConfiguration",
     "Configuration",
     "ConfigurationWatch",
@@ -57,6 +59,7 @@ __all__ = [
 
 CONFIG = "/config"
 FAILED_KEPT = 256  # the most recent failed members a configuration remembers
+DEFAULT_REPLICAS = 2  # matchers holding each subscription (silbo up --replicas)
 
 _log = logging.getLogger(__name__)
 
@@ -104,11 +107,22 @@ class Configuration:
         *,
         exit_points: Sequence[str] = (),
         access_points: Sequence[str] = (),
+        replicas: int = 1,
     ) -> Configuration:
-        """The configuration at ``epoch`` with a rendezvous selector over ``matchers``."""
+        """The configuration at ``epoch`` with a rendezvous selector over ``matchers`` that
+        keeps each subscription on ``replicas`` of them."""
         return cls(
-            epoch, tuple(matchers), _selector(matchers), tuple(exit_points), tuple(access_points)
+            epoch,
+            tuple(matchers),
+            _selector(matchers, replicas),
+            tuple(exit_points),
+            tuple(access_points),
         )
+
+    @property
+    def replicas(self) -> int:
+        """How many matchers are configured to hold each subscription."""
+        return self.selector.replicas
 
     def next(
         self,
@@ -128,7 +142,7 @@ class Configuration:
         return Configuration(
             self.epoch + 1,
             tuple(matchers),
-            selector if selector is not None else _selector(matchers),
+            selector if selector is not None else _selector(matchers, self.replicas),
             tuple(self.exit_points if exit_points is None else exit_points),
             tuple(self.access_points if access_points is None else access_points),
             tuple(remembered[-FAILED_KEPT:]),
@@ -287,8 +301,8 @@ class ConfigurationWatch:
         return not self._stopped
 
 
-def _selector(matchers: Sequence[str]) -> RendezvousSelector:
+def _selector(matchers: Sequence[str], replicas: int) -> RendezvousSelector:
     try:
-        return RendezvousSelector(tuple(matchers))
+        return RendezvousSelector(tuple(matchers), replicas)
     except InvalidInput as exc:
         raise InvalidConfiguration(f"no selector over matchers {list(matchers)!r}: {exc}") from exc

@@ -11,7 +11,11 @@ import time
 
 from kazoo.client import KazooClient
 
-from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.configuration import (
+    DEFAULT_REPLICAS,
+    ClusterConfiguration,
+    Configuration,
+)
 from broker.coordination.errors import ConfigurationConflict, CoordinationError
 from broker.coordination.membership import Member, members
 from broker.errors import InvalidInput
@@ -48,7 +52,9 @@ def wait_for_members(
         time.sleep(0.1)
 
 
-def form(client: KazooClient, matchers: int, *, timeout: float) -> Configuration:
+def form(
+    client: KazooClient, matchers: int, *, timeout: float, replicas: int = DEFAULT_REPLICAS
+) -> Configuration:
     """The cluster's configuration at epoch 1 over its first ``matchers`` matchers, and the
     exit points and access points registered by then (at least one of each).
 
@@ -71,6 +77,7 @@ def form(client: KazooClient, matchers: int, *, timeout: float) -> Configuration
             [m.name for m in found["matcher"][:matchers]],
             exit_points=[m.name for m in found["exit-point"]],
             access_points=[m.name for m in found["access-point"]],
+            replicas=replicas,
         )
         try:
             return store.create(first).configuration

@@ -22,7 +22,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -87,8 +87,11 @@ class BrokerPort(Protocol):
     def name(self) -> str:
         """The connection point's member name."""
 
-    async def publish(self, entities: Sequence[pb.Entity], publisher: str, first: int) -> None:
-        """Publish a batch (entity i has sequence ``first + i``); SilboError if refused."""
+    async def publish(
+        self, entities: Sequence[pb.Entity], publisher: str, first: int
+    ) -> Awaitable[int]:
+        """Send a batch on (entity i has sequence ``first + i``); SilboError if refused. The
+        awaitable returned completes once the batch is delivered (SilboError if never)."""
 
     async def subscribe(
         self,
@@ -605,6 +608,7 @@ class _Publisher:
         self._port = port
         self._queue: asyncio.Queue[tuple[list[pb.Entity], asyncio.Future[None]]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
         self._sequence = 1
         self._name = ""
 
@@ -618,7 +622,7 @@ class _Publisher:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def publish(self, entities: list[pb.Entity]) -> None:
-        """Return once the batch carrying ``entities`` is accepted (its error otherwise)."""
+        """Return once the batch carrying ``entities`` is delivered (its error otherwise)."""
         if not entities:
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -636,12 +640,38 @@ class _Publisher:
             first = self._sequence
             self._sequence += len(entities)
             try:
-                await self._port.publish(entities, self._name, first)
+                delivered = await self._port.publish(entities, self._name, first)
             except Exception as exc:
-                for _batch, done in waiting:
-                    if not done.done():
-                        done.set_exception(exc)
+                _settle(waiting, exc)
                 continue
-            for _batch, done in waiting:
-                if not done.done():
-                    done.set_result(None)
+            # the next batch goes out while this one is on its way (order is kept by sending)
+            self._spawn(self._answer(waiting, delivered))
+
+    async def _answer(
+        self,
+        waiting: list[tuple[list[pb.Entity], asyncio.Future[None]]],
+        delivered: Awaitable[int],
+    ) -> None:
+        try:
+            await delivered
+        except Exception as exc:
+            _settle(waiting, exc)
+        else:
+            _settle(waiting, None)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+
+def _settle(
+    waiting: list[tuple[list[pb.Entity], asyncio.Future[None]]], failure: Exception | None
+) -> None:
+    for _batch, done in waiting:
+        if done.done():
+            continue
+        if failure is None:
+            done.set_result(None)
+        else:
+            done.set_exception(failure)

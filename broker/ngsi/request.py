@@ -127,7 +127,9 @@ def error_response(exc: SilboError) -> web.Response:
     """The NGSI error answer of ``exc``."""
     mapping = mapping_for(exc)
     body = {"error": mapping.ngsi_error, "description": str(exc)}
-    return json_response(body, status=mapping.http_status)
+    # a refusal the client should retry: after a second (a repair takes well under that)
+    headers = {"Retry-After": "1"} if mapping.http_status == 503 else None
+    return json_response(body, status=mapping.http_status, headers=headers)
 
 
 def correlator_of(request: web.Request) -> str:

@@ -16,6 +16,11 @@ Ties (probability about 2**-64) go to the owner whose name sorts first. The sele
 function of the *set* of owners: owners are kept sorted, and two selectors with the same
 owners are equal. The pinned table in tests/partition/test_selector.py breaks if any of
 this changes.
+
+Replicas: with ``replicas = r`` each id is held by its *preference list*, the ``r`` owners
+of highest weight, best first (all owners when there are fewer than ``r``); the first is the
+``owner_of``. Removing an owner changes only the lists it was on (the next owner by weight
+joins each), so a failure moves no state: every list keeps its surviving members.
 """
 
 from __future__ import annotations
@@ -61,21 +66,27 @@ class Selector(Protocol):
 
     def owners_of(self, subscription_ids: Sequence[str]) -> list[str]: ...
 
+    def holders_of(self, subscription_ids: Sequence[str]) -> list[tuple[str, ...]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RendezvousSelector:
     """Maps subscription ids to owners (matcher names) by highest-random-weight hashing.
 
     Raises InvalidInput when ``owners`` is empty, has duplicates or has a name that is not
-    a non-empty string.
+    a non-empty string, or when ``replicas`` is not a positive integer.
     """
 
     owners: tuple[str, ...]
+    replicas: int = 1  # how many owners hold each id (see the module doc)
     _owner_hashes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     _owner_array: _U64 = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owners = _check_owners(self.owners)
+        replicas = self.replicas
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise InvalidInput(f"replicas must be a positive integer, not {replicas!r}")
         hashes = tuple(_hash(owner, _OWNER_PERSON) for owner in owners)
         object.__setattr__(self, "owners", owners)
         object.__setattr__(self, "_owner_hashes", hashes)
@@ -107,9 +118,37 @@ class RendezvousSelector:
             np.maximum(best, weights, out=best)
         return indices
 
+    @property
+    def width(self) -> int:
+        """How many owners hold each id: ``replicas``, or every owner when there are fewer."""
+        return min(self.replicas, len(self.owners))
+
+    def holders_of(self, subscription_ids: Sequence[str]) -> list[tuple[str, ...]]:
+        """The preference list of each id, best first (the first is its ``owner_of``)."""
+        owners = self.owners
+        rows = self.holder_indices(id_hashes(subscription_ids)).tolist()
+        return [tuple(owners[i] for i in row) for row in rows]
+
+    def holder_indices(self, hashes: _U64) -> npt.NDArray[np.intp]:
+        """For each id hash, the indices in ``owners`` of its preference list, best first:
+        an array of shape ``(len(hashes), width)`` whose first column is ``owner_indices``."""
+        if self.width == 1:
+            return self.owner_indices(hashes)[:, None]
+        weights = np.empty((len(hashes), len(self._owner_array)), dtype=np.uint64)
+        for index, owner_hash in enumerate(self._owner_array):
+            weights[:, index] = _mix_array(hashes ^ owner_hash)
+        # ~w sorts the heaviest first; a stable sort keeps a tie with the earlier name
+        order = np.argsort(~weights, axis=1, kind="stable")
+        return order[:, : self.width].astype(np.intp, copy=False)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description, for storing the configuration in ZooKeeper."""
-        return {"kind": SELECTOR_KIND, "version": SELECTOR_VERSION, "owners": list(self.owners)}
+        return {
+            "kind": SELECTOR_KIND,
+            "version": SELECTOR_VERSION,
+            "owners": list(self.owners),
+            "replicas": self.replicas,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RendezvousSelector:
@@ -127,7 +166,7 @@ class RendezvousSelector:
         if not isinstance(owners, list | tuple):
             raise SerializationError("a selector's owners must be a list of names")
         try:
-            return cls(tuple(owners))
+            return cls(tuple(owners), data.get("replicas", 1))
         except SerializationError:
             raise
         except InvalidInput as exc:

@@ -13,6 +13,14 @@ Each connection point holds one ``AccessPoint.Route`` stream to it. On that stre
 
 Numbering and sending happen under one lock, so every matcher's channel carries this access
 point's messages in sequence order: the exit points' watermarks depend on it.
+
+Upstream backup (docs/failures.md): a batch that names its origin connection point is kept
+here until that connection point passes on the exit point's word that it was delivered
+(``Completed`` on the same stream). When a repair removes the exit point a kept batch was
+routed to, the switch to the repaired configuration routes the kept batches of the dead exit
+point again, in their order and before anything new, so a publisher's order holds; the
+connection points drop what the dead exit point had delivered already. A batch kept longer
+than ``RETAIN_LIMIT`` is forgotten (its connection point refused it to its publisher by then).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import time
 import zlib
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
@@ -44,6 +53,17 @@ _log = logging.getLogger(__name__)
 
 _MATCH = "/broker.wire.Matcher/Match"
 READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
+RETAIN_LIMIT = 120.0  # seconds a batch is kept for sending again, at most
+SWEEP_EVERY = 5.0  # seconds between looks for batches kept too long
+
+
+@dataclass(eq=False)
+class _Kept:
+    """A routed batch kept until its connection point says it was delivered."""
+
+    batch: wire.Batch
+    completer: int  # the exit point (member sequence) it was routed to
+    routed: float  # time.monotonic() of its first routing
 
 
 @dataclass(eq=False)
@@ -75,6 +95,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._routed_epoch = 0  # the epoch of the last updates routed
         self._held: list[tuple[wire.Batch, asyncio.Queue[wire.RequestAck | None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        # per inbound stream (a connection point), its batches kept by origin_batch, in order
+        self._kept: list[dict[int, _Kept]] = []
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_AccessPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -92,6 +114,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._scale.on_change(lambda: self._spawn(self._follow_scale()))
         self._config.on_change(lambda: self._spawn(self._follow_configuration()))
         self._sync_links()
+        self._spawn(self._sweep())
 
     async def stop(self) -> None:
         for watched in (self._config, self._matchers, self._exits, self._scale):
@@ -128,13 +151,19 @@ class AccessPoint(wire_grpc.AccessPointServicer):
     ) -> None:
         ctx = self._ctx()
         received = ctx.metrics.messages_in.labels(stream="Route")
+        kept: dict[int, _Kept] = {}
+        self._kept.append(kept)
         try:
             async for batch in request_iterator:
                 received.inc()
                 body = batch.WhichOneof("body")
                 try:
                     if body == "updates":
-                        await self._route_updates(batch)
+                        await self._route_updates(batch, kept)
+                    elif body == "completed":
+                        for number in batch.completed.batches:
+                            kept.pop(number, None)
+                        ctx.metrics.retained.set(sum(map(len, self._kept)))
                     elif body == "subscriptions":
                         await self._route_subscriptions(batch.subscriptions, replies)
                     elif body == "unsubscriptions":
@@ -148,9 +177,11 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         except grpc.aio.AioRpcError as exc:
             _log.info("a connection point's stream ended: %s", exc.code())
         finally:
+            self._kept.remove(kept)  # a connection point that moved on sends again itself
+            ctx.metrics.retained.set(sum(map(len, self._kept)))
             replies.put_nowait(None)
 
-    async def _route_updates(self, batch: wire.Batch) -> None:
+    async def _route_updates(self, batch: wire.Batch, kept: dict[int, _Kept]) -> None:
         ctx = self._ctx()
         updates = batch.updates
         count = len(updates.entities)
@@ -158,16 +189,50 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             return  # it would take no sequence number: exit points key batches by theirs
         async with self._lock:
             configuration = await self._routing()
-            updates.first_seq = self._next_seq
-            updates.epoch = configuration.epoch
-            updates.exit_points[:] = [self._exit_point(p) for p in updates.publishers]
-            updates.gatherers[:] = self._gatherers
-            self._next_seq += count
-            payload = batch.SerializeToString()
-            for name in configuration.matchers:
-                await self._send(name, payload)
+            await self._send_updates(configuration, batch)
+            if updates.origin_batch:
+                kept[updates.origin_batch] = _Kept(batch, updates.exit_points[0], time.monotonic())
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.batch_size.labels(stream="Route").observe(count)
+        ctx.metrics.retained.set(sum(map(len, self._kept)))
+
+    async def _send_updates(self, configuration: Configuration, batch: wire.Batch) -> None:
+        """Number ``batch`` and send it to every matcher of ``configuration`` (the lock is
+        held)."""
+        updates = batch.updates
+        updates.first_seq = self._next_seq
+        updates.epoch = configuration.epoch
+        updates.exit_points[:] = [self._exit_point(p) for p in updates.publishers]
+        updates.gatherers[:] = self._gatherers
+        self._next_seq += len(updates.entities)
+        payload = batch.SerializeToString()
+        for name in configuration.matchers:
+            await self._send(name, payload)
+
+    async def _route_again(self, configuration: Configuration) -> None:
+        """After a repair: route the kept batches of exit points that are gone again, in
+        their order, before anything new (the lock is held)."""
+        serving = {m.sequence for m in self._serving_exit_points(configuration)}
+        again = 0
+        for kept in self._kept:
+            for entry in list(kept.values()):
+                if entry.completer not in serving:
+                    await self._send_updates(configuration, entry.batch)
+                    entry.completer = entry.batch.updates.exit_points[0]
+                    again += 1
+        if again:
+            _log.warning("routed %d batches of dead exit points again", again)
+            self._ctx().metrics.items_out.labels(kind="routed_again").inc(again)
+
+    async def _sweep(self) -> None:
+        """Forget kept batches older than RETAIN_LIMIT (bounded memory)."""
+        while True:
+            await asyncio.sleep(SWEEP_EVERY)
+            oldest = time.monotonic() - RETAIN_LIMIT
+            for kept in self._kept:
+                for number in [n for n, entry in kept.items() if entry.routed < oldest]:
+                    del kept[number]
+            self._ctx().metrics.retained.set(sum(map(len, self._kept)))
 
     async def _route_fence(self, marker: wire.Marker) -> None:
         """A connection point's fence: on to every matcher, in order with the updates.
@@ -220,11 +285,13 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         subscriptions: wire.Subscriptions,
         replies: asyncio.Queue[wire.RequestAck | None],
     ) -> None:
-        """Send each subscription to its owner (the lock is held)."""
-        owners = configuration.selector.owners_of([p.id for p in subscriptions.placements])
+        """Send each subscription to every matcher of its preference list (the lock is
+        held); it is placed once they all have it."""
+        holders = configuration.selector.holders_of([p.id for p in subscriptions.placements])
         parts: dict[str, list[wire.Placement]] = {}
-        for placement, owner in zip(subscriptions.placements, owners, strict=True):
-            parts.setdefault(owner, []).append(placement)
+        for placement, owners in zip(subscriptions.placements, holders, strict=True):
+            for owner in owners:
+                parts.setdefault(owner, []).append(placement)
         number = self._open(subscriptions.request, replies, set(parts))
         for owner, placements in parts.items():
             message = wire.Batch(
@@ -240,11 +307,12 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         unsubscriptions: wire.Unsubscriptions,
         replies: asyncio.Queue[wire.RequestAck | None],
     ) -> None:
-        """Send each unsubscription to the owner of its id (the lock is held)."""
-        owners = configuration.selector.owners_of(list(unsubscriptions.ids))
+        """Send each unsubscription to every holder of its id (the lock is held)."""
+        holders = configuration.selector.holders_of(list(unsubscriptions.ids))
         parts: dict[str, list[str]] = {}
-        for subscription_id, owner in zip(unsubscriptions.ids, owners, strict=True):
-            parts.setdefault(owner, []).append(subscription_id)
+        for subscription_id, owners in zip(unsubscriptions.ids, holders, strict=True):
+            for owner in owners:
+                parts.setdefault(owner, []).append(subscription_id)
         number = self._open(unsubscriptions.request, replies, set(parts))
         for owner, ids in parts.items():
             message = wire.Batch(unsubscriptions=wire.Unsubscriptions(request=number, ids=ids))
@@ -335,6 +403,9 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._routed_epoch = configuration.epoch
         self._forget_exit_points()
         _log.info("routing under epoch %d", configuration.epoch)
+        if previous is not None and set(configuration.failed) - set(previous.failed):
+            self._gatherers = [m.sequence for m in self._serving_exit_points(configuration)]
+            await self._route_again(configuration)
         await self._release_held()
 
     async def _release_held(self) -> None:
@@ -369,7 +440,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         if pending.waiting:
             return
         del self._requests[ack.request]
-        reply = wire.RequestAck(request=pending.request, ids=pending.ids)
+        # each holder of a subscription answers for it: one id each
+        reply = wire.RequestAck(request=pending.request, ids=list(dict.fromkeys(pending.ids)))
         if pending.error is not None:
             reply.error.CopyFrom(pending.error)
         pending.replies.put_nowait(reply)

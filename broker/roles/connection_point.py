@@ -28,12 +28,13 @@ the take-over was sent on it (docs/protocol.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -56,6 +57,7 @@ from broker.errors import (
     mapping_for,
 )
 from broker.ngsi import AllowList, FrontOptions, NgsiFront
+from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
@@ -73,7 +75,7 @@ _log = logging.getLogger(__name__)
 
 MAX_BATCH_ENTITIES = 10_000
 SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
-ACCESS_POINT_WAIT = 15.0  # seconds to wait for an access point before refusing
+ACCESS_POINT_WAIT = 5.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
 PLACE_AGAIN_CHUNK = 5_000  # subscriptions per request when placing again after a repair
 FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
@@ -160,6 +162,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
         self._placed_under: Configuration | None = None  # the configuration last followed
         self._stopping = False
+        self._outbox = Outbox()  # update batches sent on, kept until delivered
+        self._seen = Seen()  # update batches handed over here (copies are dropped)
 
     # -- the role's life ----------------------------------------------------------------
 
@@ -200,6 +204,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._follow_scale)
         self._choose_access_point()
+        self._spawn(self._expire())
         if context.options.http_listen:
             self._front = await _FrontPort(self).start(context)
 
@@ -213,6 +218,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         for watched in (self._access_points, self._config, self._connection_points, self._scale):
             if watched is not None:
                 watched.stop()
+        self._outbox.fail_all("the connection point is stopping; publish again elsewhere")
         if self._link is not None:
             await self._link.close()
 
@@ -226,32 +232,104 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         request_iterator: AsyncIterator[pb.PublishRequest],
         context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishAck],
     ) -> AsyncIterator[pb.PublishAck]:
+        """Each batch is acknowledged once delivered (docs/failures.md): acknowledgements
+        come as batches complete, while later batches are read and sent on."""
+        acks: asyncio.Queue[pb.PublishAck | None] = asyncio.Queue()
+        reader = asyncio.get_running_loop().create_task(self._publishes(request_iterator, acks))
+        try:
+            while (ack := await acks.get()) is not None:
+                yield ack
+        finally:
+            reader.cancel()
+
+    async def _publishes(
+        self,
+        request_iterator: AsyncIterator[pb.PublishRequest],
+        acks: asyncio.Queue[pb.PublishAck | None],
+    ) -> None:
         ctx = self._ctx()
         default_publisher = f"{ctx.name}/{next(self._publishers)}"
         received = ctx.metrics.items_in.labels(kind="update")
-        async for request in request_iterator:
-            ctx.metrics.messages_in.labels(stream="Publish").inc()
-            if isinstance(request, _Malformed):
-                yield pb.PublishAck(error=_error(request.error))
-                continue
-            if self._leaving:
-                await self._publishers_moved.wait()
-                target = self._successor(zlib.crc32(default_publisher.encode()))
-                yield pb.PublishAck(batch=request.batch, moved_to=target.address)
-                continue
-            try:
-                payload, count = self._updates(request, default_publisher)
-                link = await self._access_point()
-                if not await link.send(payload):
-                    raise Unavailable("the access point went away; publish again")
-            except SilboError as exc:
-                yield pb.PublishAck(batch=request.batch, error=_error(exc))
-                continue
-            received.inc(count)
-            ctx.metrics.batch_size.labels(stream="Publish").observe(count)
-            yield pb.PublishAck(batch=request.batch, accepted=count)
+        waiting: set[asyncio.Future[int]] = set()
 
-    def _updates(self, request: pb.PublishRequest, default_publisher: str) -> tuple[bytes, int]:
+        def answer(batch: int, delivered: asyncio.Future[int]) -> None:
+            waiting.discard(delivered)
+            if delivered.cancelled():
+                return
+            failure = delivered.exception()
+            if isinstance(failure, SilboError):
+                acks.put_nowait(pb.PublishAck(batch=batch, error=_error(failure)))
+            elif failure is None:
+                acks.put_nowait(pb.PublishAck(batch=batch, accepted=delivered.result()))
+
+        try:
+            async for request in request_iterator:
+                ctx.metrics.messages_in.labels(stream="Publish").inc()
+                if isinstance(request, _Malformed):
+                    acks.put_nowait(pb.PublishAck(error=_error(request.error)))
+                    continue
+                if self._leaving:
+                    await self._publishers_moved.wait()
+                    target = self._successor(zlib.crc32(default_publisher.encode()))
+                    acks.put_nowait(pb.PublishAck(batch=request.batch, moved_to=target.address))
+                    continue
+                try:
+                    delivered = await self._send_updates(request, default_publisher)
+                except SilboError as exc:
+                    acks.put_nowait(pb.PublishAck(batch=request.batch, error=_error(exc)))
+                    continue
+                count = len(request.entities)
+                received.inc(count)
+                ctx.metrics.batch_size.labels(stream="Publish").observe(count)
+                waiting.add(delivered)
+                delivered.add_done_callback(functools.partial(answer, request.batch))
+            if waiting:  # the publisher finished: answer what is on its way first
+                await asyncio.wait(set(waiting))
+        except grpc.aio.AioRpcError as exc:
+            _log.info("a publisher's stream ended: %s", exc.code())
+        finally:
+            acks.put_nowait(None)
+
+    async def _send_updates(
+        self, request: pb.PublishRequest, publisher: str
+    ) -> asyncio.Future[int]:
+        """Send a publisher's batch on toward the matchers, kept in the outbox; the future
+        gives its count once it is delivered (Unavailable if it never is)."""
+        number = self._outbox.number()
+        payload, count = self._updates(request, publisher, number)
+        link = await self._access_point()
+        delivered = self._outbox.keep(number, payload, count)
+        self._ctx().metrics.retained.set(len(self._outbox))
+        await link.send(payload)  # a link that just failed: the outbox sends it again
+        return delivered
+
+    async def _send_again(self, link: Link) -> None:
+        """The access point died: send every unfinished batch again on ``link``, in order,
+        before any new one (publishes wait meanwhile)."""
+        self._open.clear()
+        try:
+            payloads = self._outbox.unfinished()
+            for payload in payloads:
+                await link.send(payload)
+            if payloads:
+                _log.warning("sent %d unfinished update batches again", len(payloads))
+                self._ctx().metrics.items_out.labels(kind="sent_again").inc(len(payloads))
+        finally:
+            self._open.set()
+
+    async def _expire(self) -> None:
+        """Refuse the batches that were not delivered in time (their publishers resend)."""
+        while True:
+            await asyncio.sleep(1.0)
+            expired = self._outbox.expire()
+            if expired:
+                _log.error("%d update batches not delivered in time: refused", expired)
+                self._ctx().metrics.items_out.labels(kind="refused_batch").inc(expired)
+            self._ctx().metrics.retained.set(len(self._outbox))
+
+    def _updates(
+        self, request: pb.PublishRequest, default_publisher: str, number: int = 0
+    ) -> tuple[bytes, int]:
         count = len(request.entities)
         if count > MAX_BATCH_ENTITIES:
             raise InvalidUpdate(
@@ -270,6 +348,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             publishers=[publisher] * count,
             sequences=range(first, first + count),
             matchable=packb(objs),
+            origin=self._number if number else 0,
+            origin_batch=number,
         )
         return wire.Batch(updates=updates).SerializeToString(), count
 
@@ -440,9 +520,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     def _follow_repairs(self) -> None:
         """A repair removed matchers: place their subscriptions again, with the new selector.
 
-        Each session keeps what it placed; those the dead matchers owned are sent again
-        (``replace``: placing one twice is harmless), so every subscription has a live owner
-        again once the acknowledgement comes.
+        Each session keeps what it placed; those the dead matchers held are sent again
+        (``replace``: placing one twice is harmless) to their new preference lists, so every
+        subscription has all its replicas again once the acknowledgement comes (with
+        replicas, the surviving holders served it meanwhile).
         """
         current = self._config.current if self._config else None
         if current is None:
@@ -456,12 +537,12 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         orphans = [
             placement
             for session in self._sessions.values()
-            for placement, owner in zip(
+            for placement, holders in zip(
                 session.placements.values(),
-                before.selector.owners_of(list(session.placements)),
+                before.selector.holders_of(list(session.placements)),
                 strict=True,
             )
-            if owner in dead
+            if dead.intersection(holders)
         ]
         if orphans:
             _log.warning(
@@ -500,11 +581,27 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             body = handoff.WhichOneof("body")
             if body == "deliveries":
                 self._deliver(handoff.deliveries)
+            elif body == "completed":
+                self._completed(handoff.completed)
             elif body == "marker" and handoff.marker.kind == "fence":
                 self._fence_passed(unpackb(handoff.marker.body))
         return wire.Empty()
 
+    def _completed(self, completed: wire.Completed) -> None:
+        """Batches of this connection point were delivered: answer their publishers, and let
+        the access point stop keeping them."""
+        self._outbox.completed(completed.batches)
+        self._ctx().metrics.retained.set(len(self._outbox))
+        link = self._link
+        if link is not None and link.state is LinkState.OPEN:
+            relay = wire.Batch(completed=completed).SerializeToString()
+            self._spawn(link.send(relay))
+
     def _deliver(self, deliveries: wire.Deliveries) -> None:
+        publisher = deliveries.publishers[0] if deliveries.publishers else ""
+        if not self._seen.fresh(deliveries.origin, publisher, deliveries.origin_batch):
+            self._ctx().metrics.items_in.labels(kind="duplicate_batch").inc()
+            return  # sent again after a failure, and handed over here before it
         handles = np.frombuffer(deliveries.handles, dtype="<u8")
         entity_index = np.asarray(deliveries.entity_index, dtype=np.int64)
         sessions = sessions_of(handles)
@@ -555,6 +652,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             self._link = self._link_to(target)
             if link is not None and link.state is LinkState.OPEN:
                 link.abort()  # dead or hung: a publish blocked on it must not wait
+            if link is not None and len(self._outbox):
+                self._spawn(self._send_again(self._link))
         self._check_moved()
 
     def _serving_access_points(self) -> list[Member]:
@@ -820,13 +919,13 @@ class _FrontPort:
             if isinstance(event, wire.SessionEventOut) and event.HasField("notifications"):
                 front.notify(event.notifications)
 
-    async def publish(self, entities: Sequence[pb.Entity], publisher: str, first: int) -> None:
+    async def publish(
+        self, entities: Sequence[pb.Entity], publisher: str, first: int
+    ) -> Awaitable[int]:
         request = pb.PublishRequest(publisher=publisher, first_sequence=first, entities=entities)
-        payload, count = self._cp._updates(request, publisher)
-        link = await self._cp._access_point()
-        if not await link.send(payload):
-            raise Unavailable("the access point went away; publish again")
-        self._cp._ctx().metrics.items_in.labels(kind="update").inc(count)
+        delivered = await self._cp._send_updates(request, publisher)
+        self._cp._ctx().metrics.items_in.labels(kind="update").inc(len(entities))
+        return delivered
 
     async def subscribe(
         self,

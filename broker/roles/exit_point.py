@@ -24,12 +24,22 @@ Markers from the matchers (docs/protocol.md):
   matchers reported before it is delivered, the connection point is told (a ``Handoff``
   marker after those deliveries on its stream).
 
+Replicas: with ``r`` replicas every subscription is held by ``r`` matchers, so the partial
+results of all but ``r - 1`` of an epoch's matchers cover every subscription. A batch that
+misses fewer than ``r`` of them is complete once it has waited ``STRAGGLER_GRACE``: a hung or
+slow matcher (or one that died and is not repaired yet) delays delivery by that much, and
+loses nothing. The matchers a batch went out without are *suspects*: later batches that miss
+only suspects go out at once, until a suspect reports in time again. Partials of the same
+subscription from two holders are merged (one notification per update and subscription); a
+partial that comes after its batch went out is dropped.
+
 Failures (docs/failures.md): members a repair removed are in the configuration's
-``failed``. A batch needs the partial results of its epoch's *live* matchers only (the dead
-one's matches for batches in flight are lost with it), and a fence the copies of the live
-ones. The line of a dead access point is closed ``LINE_GRACE`` seconds after its repair
-(what the matchers had of it has reached us by then): its complete batches are delivered,
-the incomplete ones (some matcher never got them) dropped and counted as lost.
+``failed``. A batch needs the partial results of its epoch's *live* matchers only (without
+replicas the dead one's matches for batches in flight are lost with it), and a fence the
+copies of the live ones. The line of a dead access point is closed ``LINE_GRACE`` seconds
+after its repair (what the matchers had of it has reached us by then): its complete batches
+are delivered, the incomplete ones (some matcher never got them) dropped and counted as
+lost.
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ _log = logging.getLogger(__name__)
 _DELIVER = "/broker.wire.Delivery/Deliver"
 DRAIN_POLL = 0.01  # seconds between looks at the drained reports while holding a new epoch
 LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
+STRAGGLER_GRACE = 1.0  # seconds a batch waits for a matcher its replicas can stand in for
+ORIGIN_WAIT = 10.0  # seconds to wait for a link to a connection point to report completions
 
 
 @dataclass(eq=False)
@@ -83,6 +95,9 @@ class _Pending:
     first_seq: int
     arrived: float
     last_seq: int
+    origin: int = 0  # the connection point that took the batch in (0: none to tell)
+    origin_batch: int = 0
+    completer: int = 0  # the exit point that tells it the batch is delivered
     reported: set[str] = field(default_factory=set)
     partials: list[wire.Partial] = field(default_factory=list)
 
@@ -108,6 +123,8 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._failed: frozenset[str] = frozenset()  # members repairs removed
         self._closing: set[str] = set()  # dead access points whose lines close soon
         self._tasks: set[asyncio.Task[None]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}  # access point -> straggler wait
+        self._suspects: set[str] = set()  # matchers batches went out without (see the doc)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_ExitPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -160,12 +177,24 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         return wire.Empty()
 
     async def _add(self, matcher: str, partial: wire.Partial) -> None:
+        if partial.first_seq < self._next.get(partial.access_point, partial.first_seq):
+            self._ctx().metrics.items_in.labels(kind="late_partial").inc()
+            return  # its batch went out without it (its replicas stood in)
+        if matcher in self._suspects:
+            self._suspects.discard(matcher)
+            _log.info("matcher %s reports in time again", matcher)
         line = self._pending.setdefault(partial.access_point, {})
         self._next.setdefault(partial.access_point, partial.first_seq)
         pending = line.get(partial.first_seq)
         if pending is None:
             pending = line[partial.first_seq] = _Pending(
-                partial.epoch, partial.first_seq, time.perf_counter(), partial.last_seq
+                partial.epoch,
+                partial.first_seq,
+                time.perf_counter(),
+                partial.last_seq,
+                partial.origin,
+                partial.origin_batch,
+                partial.completer,
             )
         pending.reported.add(matcher)
         if partial.items:
@@ -179,22 +208,87 @@ class ExitPoint(wire_grpc.ExitPointServicer):
     async def _release(self, access_point: str) -> None:
         async with self._lock:
             line = self._pending.get(access_point)
+            completed: dict[int, list[int]] = {}
             while line:
                 head = line.get(self._next[access_point])
-                if head is None or not self._complete(head) or not self._may_deliver(head.epoch):
+                if head is None or not self._may_deliver(head.epoch):
+                    break
+                if not self._complete(head):
+                    self._wait_for_stragglers(access_point, head)
                     break
                 del line[head.first_seq]
                 self._next[access_point] = head.last_seq + 1
                 await self._deliver(head)
+                self._note_completed(head, completed)
+            await self._send_completed(completed)
             await self._pass_fences()
         self._check_drained()
 
+    def _note_completed(self, pending: _Pending, completed: dict[int, list[int]]) -> None:
+        if pending.origin_batch and pending.completer == self._ctx().member.sequence:
+            completed.setdefault(pending.origin, []).append(pending.origin_batch)
+
+    async def _send_completed(self, completed: dict[int, list[int]]) -> None:
+        """Tell each origin connection point which of its batches are delivered (after the
+        deliveries: on its own stream they come first)."""
+        for origin, batches in completed.items():
+            message = wire.Handoff(completed=wire.Completed(batches=batches)).SerializeToString()
+            link = self._links.get(origin)
+            if link is not None:
+                await link.send(message)
+            else:  # a connection point that registered a moment ago: not linked yet
+                self._spawn(self._send_completed_later(origin, message))
+
+    async def _send_completed_later(self, origin: int, message: bytes) -> None:
+        peers = self._connection_points
+        assert peers is not None
+        self._sync_links()
+        if await peers.wait_until(lambda: origin in self._links, ORIGIN_WAIT):
+            await self._links[origin].send(message)
+        else:
+            _log.warning("connection point %d is gone: its completions are dropped", origin)
+
     def _complete(self, pending: _Pending) -> bool:
+        missing = self._missing(pending)
+        if missing is None:
+            return False  # this epoch's configuration has not reached us yet
+        if not missing:
+            return True
+        if len(missing) >= self._replicas(pending):
+            return False
+        if missing <= self._suspects:
+            return True
+        if time.perf_counter() - pending.arrived < STRAGGLER_GRACE:
+            return False
+        _log.warning("delivering without %s (late by %.1f s)", sorted(missing), STRAGGLER_GRACE)
+        self._suspects |= missing
+        return True
+
+    def _missing(self, pending: _Pending) -> set[str] | None:
+        """The live matchers of the batch's epoch that have not reported it."""
         assert self._config is not None
         configuration = self._config.history.get(pending.epoch)
         if configuration is None:
-            return False  # this epoch's configuration has not reached us yet
-        return pending.reported.issuperset(set(configuration.matchers) - self._failed)
+            return None
+        return set(configuration.matchers) - self._failed - pending.reported
+
+    def _replicas(self, pending: _Pending) -> int:
+        assert self._config is not None
+        configuration = self._config.history.get(pending.epoch)
+        return configuration.selector.width if configuration is not None else 1
+
+    def _wait_for_stragglers(self, access_point: str, head: _Pending) -> None:
+        """Look at the line again when its head may go out without its stragglers."""
+        missing = self._missing(head)
+        if not missing or len(missing) >= self._replicas(head) or access_point in self._timers:
+            return
+        delay = max(0.0, head.arrived + STRAGGLER_GRACE - time.perf_counter())
+
+        def again() -> None:
+            del self._timers[access_point]
+            self._spawn(self._release(access_point))
+
+        self._timers[access_point] = self._ctx().loop.call_later(delay + 0.001, again)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -214,19 +308,28 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         async with self._lock:
             line = self._pending.pop(access_point, {})
             self._next.pop(access_point, None)
-            lost = 0
+            lost = resent = 0
+            completed: dict[int, list[int]] = {}
+            whole = True  # deliver the complete batches up to the first incomplete one only
             for first_seq in sorted(line):
                 pending = line[first_seq]
-                if self._complete(pending):
+                whole = whole and self._complete(pending)
+                if whole:
                     await self._deliver(pending)
+                    self._note_completed(pending, completed)
+                elif pending.origin_batch:
+                    resent += 1  # its connection point sends it again
                 else:
                     lost += sum(len(p.items) for p in pending.partials)
+            await self._send_completed(completed)
             await self._pass_fences()
         if line:
             _log.warning(
-                "closed the line of dead access point %s: %d batches, %d updates with matches lost",
+                "closed the line of dead access point %s: %d batches, %d left to their "
+                "connection points to send again, %d updates with matches lost",
                 access_point,
                 len(line),
+                resent,
                 lost,
             )
             ctx.metrics.items_out.labels(kind="lost").inc(lost)
@@ -352,8 +455,12 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             handles.append(np.frombuffer(partial.handles, dtype="<u8"))
         all_items = np.concatenate(items)
         all_handles = np.concatenate(handles)
-        order = np.argsort(all_items, kind="stable")
-        all_items, all_handles = all_items[order], all_handles[order]
+        if len(pending.partials) > 1:  # replicas: one (update, subscription) pair each
+            order = np.lexsort((all_handles, all_items))
+            all_items, all_handles = all_items[order], all_handles[order]
+            fresh = np.ones(len(all_items), dtype=bool)
+            fresh[1:] = (all_items[1:] != all_items[:-1]) | (all_handles[1:] != all_handles[:-1])
+            all_items, all_handles = all_items[fresh], all_handles[fresh]
         targets = connection_points_of(all_handles)
         for target in np.unique(targets).tolist():
             chosen = targets == target
@@ -365,6 +472,8 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 sequences=[row[2] for row in rows],
                 entity_index=index.tolist(),
                 handles=all_handles[chosen].astype("<u8").tobytes(),
+                origin=pending.origin,
+                origin_batch=pending.origin_batch,
             )
             link = self._links.get(int(target))
             if link is None or not await link.send(

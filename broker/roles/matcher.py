@@ -415,6 +415,9 @@ class Matcher(wire_grpc.MatcherServicer):
             partial.first_seq = updates.first_seq
             partial.last_seq = last
             partial.epoch = updates.epoch
+            partial.origin = updates.origin
+            partial.origin_batch = updates.origin_batch
+            partial.completer = updates.exit_points[0]  # one publisher per batch
             await link.send(wire.Gather(partial=partial).SerializeToString())
 
     # -- the scale protocol (docs/protocol.md) ---------------------------------------------
@@ -485,8 +488,11 @@ class Matcher(wire_grpc.MatcherServicer):
     async def _split(self, scaling: _Scaling) -> None:
         """Every access point's start marker is in (the cut): send what moves to its owners.
 
-        The subscriptions stay here, counted for the old epoch only, until every access
-        point has switched: matching of old-epoch updates goes on undisturbed.
+        With replicas each subscription has a preference list per epoch. Its first holder in
+        the old epoch sends it to each holder the new epoch adds; every old holder the new
+        epoch drops lets it go once the scale is over. The subscriptions stay here, counted
+        for the old epoch only, until every access point has switched: matching of old-epoch
+        updates goes on undisturbed.
         """
         ctx = self._ctx()
         scaling.split = True
@@ -501,26 +507,53 @@ class Matcher(wire_grpc.MatcherServicer):
         inactive = engine.inactive()
         hashes = np.concatenate([self._id_hashes[slots], id_hashes([s.id for s in inactive])])
         old, new = plan.old.selector, plan.new.selector
-        here = new.owners.index(ctx.name) if ctx.name in new.owners else -1
-        after = new.owner_indices(hashes)
-        where = np.flatnonzero(
-            (old.owner_indices(hashes) == old.owners.index(ctx.name)) & (after != here)
-        )
+        me = old.owners.index(ctx.name)
+        before = old.holder_indices(hashes)
+        # the new epoch's holders, as indices into the old owners (-1: a new matcher)
+        position = {owner: i for i, owner in enumerate(old.owners)}
+        remap = np.array([position.get(owner, -1) for owner in new.owners], dtype=np.intp)
+        after = new.holder_indices(hashes)
+        leaves = ~(remap[after] == me).any(axis=1)
+        where = np.flatnonzero(leaves)
         active = int(np.searchsorted(where, len(slots)))  # where[:active]: active ones
-        leaving_slots = slots[where[:active]]
-        self._in_new[leaving_slots] = False
-        moved = [
-            *engine.ids(leaving_slots),
-            *(inactive[i - len(slots)].id for i in where[active:].tolist()),
-        ]
-        leaving = [engine.get(subscription_id) for subscription_id in moved]
-        owners = [new.owners[i] for i in after[where].tolist()]
-        scaling.moved_out = list(moved)
-        _log.info("scale %s: %d subscriptions move away", plan.id, len(moved))
-        ctx.metrics.items_out.labels(kind="moved_subscription").inc(len(moved))
+        self._in_new[slots[where[:active]]] = False
+        scaling.moved_out = self._ids_at(where, slots, inactive)
+        # what this matcher sends: the ids it heads the old list of, to each new holder
+        first = before[:, 0] == me
+        sends: dict[str, list[str]] = {}
+        for column in range(after.shape[1]):
+            target = after[:, column]
+            gained = ~(before == remap[target][:, None]).any(axis=1)
+            rows = np.flatnonzero(first & gained)
+            for index in np.unique(target[rows]).tolist():
+                chosen = rows[target[rows] == index]
+                sends.setdefault(new.owners[index], []).extend(
+                    self._ids_at(chosen, slots, inactive)
+                )
+        leaving = [(engine.get(i), owner) for owner, ids in sends.items() for i in ids]
+        sent = sum(map(len, sends.values()))
+        _log.info(
+            "scale %s: %d subscriptions move away (%d copies to new holders)",
+            plan.id,
+            len(scaling.moved_out),
+            sent,
+        )
+        ctx.metrics.items_out.labels(kind="moved_subscription").inc(sent)
         # Sent without holding the lock: two matchers sending each other parts would
         # otherwise wait for each other forever. Matching goes on meanwhile.
-        self._spawn(self._send_parts(scaling, leaving, owners)).set_name(_SENDING_PARTS)
+        self._spawn(
+            self._send_parts(scaling, [s for s, _ in leaving], [o for _, o in leaving])
+        ).set_name(_SENDING_PARTS)
+
+    def _ids_at(
+        self, rows: npt.NDArray[np.intp], slots: npt.NDArray[np.int64], inactive: list[Subscription]
+    ) -> list[str]:
+        """The ids of ``rows`` of the split's table (held slots first, then inactive ones)."""
+        active = int(np.searchsorted(rows, len(slots)))
+        return [
+            *self._engine.ids(slots[rows[:active]]),
+            *(inactive[i - len(slots)].id for i in rows[active:].tolist()),
+        ]
 
     async def _send_parts(
         self, scaling: _Scaling, leaving: list[Subscription], owners: list[str]

@@ -52,6 +52,11 @@ class ProcessMetrics:
             registry=r,
         )  # fmt: skip
         self.subscriptions = Gauge("silbo_subscriptions", "subscriptions held", registry=r)
+        self.retained = Gauge(
+            "silbo_retained_batches",
+            "batches of updates kept until delivered, to send again after a failure",
+            registry=r,
+        )
         self.notifications = Counter(
             "silbo_http_notifications", "HTTP notifications by outcome", ["outcome"], registry=r
         )

@@ -16,7 +16,7 @@ class Hello(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Updates(_message.Message):
-    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable", "gatherers")
+    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable", "gatherers", "origin", "origin_batch")
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class Updates(_message.Message):
     EXIT_POINTS_FIELD_NUMBER: _ClassVar[int]
     MATCHABLE_FIELD_NUMBER: _ClassVar[int]
     GATHERERS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     first_seq: int
     epoch: int
     entities: _containers.RepeatedScalarFieldContainer[bytes]
@@ -33,7 +35,9 @@ class Updates(_message.Message):
     exit_points: _containers.RepeatedScalarFieldContainer[int]
     matchable: bytes
     gatherers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ..., gatherers: _Optional[_Iterable[int]] = ...) -> None: ...
+    origin: int
+    origin_batch: int
+    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ..., gatherers: _Optional[_Iterable[int]] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("handle", "subscription", "id")
@@ -74,18 +78,26 @@ class Marker(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., epoch: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("hello", "updates", "subscriptions", "unsubscriptions", "marker")
+    __slots__ = ("hello", "updates", "subscriptions", "unsubscriptions", "marker", "completed")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     UNSUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     MARKER_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     updates: Updates
     subscriptions: Subscriptions
     unsubscriptions: Unsubscriptions
     marker: Marker
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., updates: _Optional[_Union[Updates, _Mapping]] = ..., subscriptions: _Optional[_Union[Subscriptions, _Mapping]] = ..., unsubscriptions: _Optional[_Union[Unsubscriptions, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
+    completed: Completed
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., updates: _Optional[_Union[Updates, _Mapping]] = ..., subscriptions: _Optional[_Union[Subscriptions, _Mapping]] = ..., unsubscriptions: _Optional[_Union[Unsubscriptions, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ...) -> None: ...
+
+class Completed(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RequestAck(_message.Message):
     __slots__ = ("request", "ids", "error")
@@ -98,7 +110,7 @@ class RequestAck(_message.Message):
     def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class Partial(_message.Message):
-    __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles")
+    __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles", "origin", "origin_batch", "completer")
     ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +121,9 @@ class Partial(_message.Message):
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    COMPLETER_FIELD_NUMBER: _ClassVar[int]
     access_point: str
     first_seq: int
     last_seq: int
@@ -119,7 +134,10 @@ class Partial(_message.Message):
     sequences: _containers.RepeatedScalarFieldContainer[int]
     counts: _containers.RepeatedScalarFieldContainer[int]
     handles: bytes
-    def __init__(self, access_point: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[int]] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ...) -> None: ...
+    origin: int
+    origin_batch: int
+    completer: int
+    def __init__(self, access_point: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[int]] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ..., completer: _Optional[int] = ...) -> None: ...
 
 class Gather(_message.Message):
     __slots__ = ("hello", "partial", "marker")
@@ -132,28 +150,34 @@ class Gather(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., partial: _Optional[_Union[Partial, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class Deliveries(_message.Message):
-    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles", "origin", "origin_batch")
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     entities: _containers.RepeatedScalarFieldContainer[bytes]
     publishers: _containers.RepeatedScalarFieldContainer[str]
     sequences: _containers.RepeatedScalarFieldContainer[int]
     entity_index: _containers.RepeatedScalarFieldContainer[int]
     handles: bytes
-    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ...) -> None: ...
+    origin: int
+    origin_batch: int
+    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ...) -> None: ...
 
 class Handoff(_message.Message):
-    __slots__ = ("hello", "deliveries", "marker")
+    __slots__ = ("hello", "deliveries", "marker", "completed")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     MARKER_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     deliveries: Deliveries
     marker: Marker
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
+    completed: Completed
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ...) -> None: ...
 
 class NotificationBatchOut(_message.Message):
     __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")

@@ -26,13 +26,14 @@ from broker.partition.selector import RendezvousSelector
 def test_create_then_read(client: KazooClient) -> None:
     config = ClusterConfiguration(client)
     assert config.read() is None
-    created = config.create(Configuration.of(1, ["m1", "m2"], exit_points=["e1"]))
+    created = config.create(Configuration.of(1, ["m1", "m2"], exit_points=["e1"], replicas=2))
     assert created == config.read()
     assert created.version == 0 and created.epoch == 1
+    assert created.configuration.next(["m1", "m2", "m3"]).replicas == 2  # kept by a scale
     assert json.loads(client.get("/config")[0]) == {
         "epoch": 1,
         "matchers": ["m1", "m2"],
-        "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"]},
+        "selector": {"kind": "rendezvous", "version": 1, "owners": ["m1", "m2"], "replicas": 2},
         "exit_points": ["e1"],
         "access_points": [],
         "failed": [],

@@ -406,10 +406,17 @@ def cluster_status(cluster: LocalCluster) -> dict[str, Any]:
     return gather_status(cluster.zk_address, cluster.spec.cluster, interval=0)
 
 
-def subscriptions_held(cluster: LocalCluster) -> dict[str, int]:
-    """Subscriptions per role: held by the matchers, open at the connection points."""
-    held: dict[str, int] = defaultdict(int)
-    for process in cluster_status(cluster)["processes"]:
+def subscriptions_held(cluster: LocalCluster) -> dict[str, float]:
+    """Subscriptions per role: held by the matchers (each counted once: the copies the
+    matchers hold divided by the replicas of the configuration, under ``matcher_copies``),
+    open at the connection points."""
+    status = cluster_status(cluster)
+    held: dict[str, float] = defaultdict(int)
+    for process in status["processes"]:
         assert process["reachable"], f"{process['name']} does not answer its Admin service"
         held[process["role"]] += int(process.get("subscriptions", 0))
+    copies = held["matcher"]
+    width = min(status["replicas"] or 1, len(status["matchers"]) or 1)
+    held["matcher"] = copies // width if copies % width == 0 else copies / width
+    held["matcher_copies"] = copies
     return dict(held)

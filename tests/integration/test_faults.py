@@ -52,10 +52,12 @@ def _attribute(name: str, value: pb.Value, type_: str = "") -> pb.Attribute:
     return pb.Attribute(name=name, type=type_, value=value)
 
 
-def held_by(ids: set[str]) -> dict[str, int]:
-    """What ``subscriptions_held`` reports when exactly ``ids`` are subscribed."""
+def held_by(ids: set[str], copies: int = 2) -> dict[str, float]:
+    """What ``subscriptions_held`` reports when exactly ``ids`` are subscribed (each held
+    by ``copies`` matchers)."""
     return {
         "matcher": len(ids),
+        "matcher_copies": copies * len(ids),
         "connection-point": len(ids),
         "access-point": 0,
         "exit-point": 0,
@@ -200,7 +202,7 @@ def test_a_filter_that_does_not_parse_is_refused_and_the_session_stays_up(
         before = client.subscribe(subscription_id="before", type="Room")
         with pytest.raises(InvalidInput, match=r"subscription 0: .*\(column \d+\)"):
             client.subscribe(type="Room", **{field: text})
-        assert subscriptions_held(cluster) == held_by({"before"})
+        assert subscriptions_held(cluster) == held_by({"before"}, copies=1)
         publisher.publish(_room(1))
         assert before.get(timeout=DELIVERY_DEADLINE).update.entity_id == "Room1"
 

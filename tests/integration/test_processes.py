@@ -274,6 +274,8 @@ def test_admin_status_describes_the_running_cluster(start_cluster: StartCluster)
     for process in status["processes"]:
         assert process["reachable"], process
         by_role[process["role"]] = by_role.get(process["role"], 0) + process["subscriptions"]
-    assert by_role["matcher"] == by_role["connection-point"] == 6
+    # each subscription is held by its replicas (2 of the 2 matchers)
+    assert status["replicas"] == status["replicas_live"] == 2
+    assert by_role["matcher"] == 2 * by_role["connection-point"] == 12
     described = {p["pid"] for p in cluster.description["processes"]}
     assert {p["pid"] for p in status["processes"]} == described

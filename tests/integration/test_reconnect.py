@@ -17,9 +17,14 @@ from broker.model.update import ContextUpdate
 from integration.conftest import cluster_status, wait_until
 
 
-def _held_by_matchers(cluster: LocalCluster) -> int:
-    processes = cluster_status(cluster)["processes"]
-    return sum(int(p.get("subscriptions", 0)) for p in processes if p["role"] == "matcher")
+def _held_by_matchers(cluster: LocalCluster) -> float:
+    """Subscriptions the matchers hold, each counted once (not per replica); a dead process
+    of another role may be in the status."""
+    status = cluster_status(cluster)
+    copies = sum(
+        int(p.get("subscriptions", 0)) for p in status["processes"] if p["role"] == "matcher"
+    )
+    return copies / min(int(status["replicas"]), len(status["matchers"]))
 
 
 def _room(n: int, temperature: float) -> ContextUpdate:

@@ -77,8 +77,9 @@ def test_matchers_scale_out_and_in_while_updates_flow(
         assert out.outcome == "completed", out
         assert out.epoch == 2
         held = len(subscriptions) + 1 + 101  # end markers; the late ones and their marker
-        # Only what changes owner moves: about (peak - first) / peak of the subscriptions.
-        assert 0 < out.moved_subscriptions < held
+        # Only copies a new holder lacks move: each subscription has 2 holders (replicas),
+        # so fewer than 2 per subscription, most of them to the new matchers.
+        assert 0 < out.moved_subscriptions < 2 * held
         assert out.moved_bytes > 0
         assert subscriptions_held(cluster)["matcher"] == held
 

@@ -259,3 +259,13 @@ def test_a_patch_replaces_top_level_fields() -> None:
         merged(BASE, {})
     with pytest.raises(InvalidInput):
         merged(BASE, {"id": "other"})
+
+
+def test_a_refusal_asks_to_retry_after_a_second_and_other_errors_do_not() -> None:
+    from broker.errors import Unavailable
+    from broker.ngsi.request import error_response
+
+    refused = error_response(Unavailable("no access point reachable within 5 s"))
+    assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+    assert b'"error":"ServiceUnavailable"' in refused.body  # type: ignore[operator]
+    assert "Retry-After" not in error_response(NotFound("no entity")).headers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -158,10 +159,20 @@ def test_invalid_owners(bad: object) -> None:
 
 
 def test_dict_round_trip_through_json() -> None:
-    selector = RendezvousSelector(owners(4))
+    selector = RendezvousSelector(owners(4), 2)
     stored = json.dumps(selector.to_dict())
-    assert json.loads(stored) == {"kind": "rendezvous", "version": 1, "owners": list(owners(4))}
+    assert json.loads(stored) == {
+        "kind": "rendezvous",
+        "version": 1,
+        "owners": list(owners(4)),
+        "replicas": 2,
+    }
     assert RendezvousSelector.from_dict(json.loads(stored)) == selector
+
+
+def test_a_selector_stored_before_replicas_reads_as_one_replica() -> None:
+    stored = {"kind": "rendezvous", "version": 1, "owners": ["m0", "m1"]}
+    assert RendezvousSelector.from_dict(stored).replicas == 1
 
 
 @pytest.mark.parametrize(
@@ -175,9 +186,69 @@ def test_dict_round_trip_through_json() -> None:
         {"kind": "rendezvous", "version": 1, "owners": []},
         {"kind": "rendezvous", "version": 1, "owners": ["m0", "m0"]},
         {"kind": "rendezvous", "version": 1, "owners": [1]},
+        {"kind": "rendezvous", "version": 1, "owners": ["m0"], "replicas": 0},
+        {"kind": "rendezvous", "version": 1, "owners": ["m0"], "replicas": "2"},
         ["rendezvous"],
     ],
 )
 def test_from_dict_rejects_malformed(data: object) -> None:
     with pytest.raises(SerializationError):
         RendezvousSelector.from_dict(data)  # type: ignore[arg-type]
+
+
+# -- replicas: preference lists ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "r"), [(1, 2), (2, 2), (3, 2), (5, 3), (8, 2), (4, 1)])
+def test_a_preference_list_is_the_heaviest_owners_headed_by_the_owner(n: int, r: int) -> None:
+    selector = RendezvousSelector(owners(n), r)
+    ids = IDS[:2000]
+    holders = selector.holders_of(ids)
+    assert selector.width == min(n, r)
+    for subscription_id, row, owner in zip(ids, holders, selector.owners_of(ids), strict=True):
+        assert len(set(row)) == len(row) == min(n, r)
+        assert row[0] == owner
+        # the list is exactly the min(n, r) owners of highest weight, best first
+        by_weight = sorted(owners(n), key=lambda o: _weight(subscription_id, o), reverse=True)
+        assert list(row) == by_weight[: len(row)]
+
+
+def _weight(subscription_id: str, owner: str) -> int:
+    """The weight as the module doc defines it, computed apart from the selector."""
+    key = int.from_bytes(id_hashes([subscription_id]).tobytes(), "little")
+    owner_key = int.from_bytes(
+        hashlib.blake2b(owner.encode(), digest_size=8, person=b"silbo-owner").digest(), "little"
+    )
+    z = key ^ owner_key
+    mask = (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+@given(st.integers(2, 7), st.integers(2, 3), st.data())
+def test_removing_an_owner_keeps_every_survivor_on_its_lists(
+    n: int, r: int, data: st.DataObject
+) -> None:
+    gone = data.draw(st.sampled_from(owners(n)))
+    old = RendezvousSelector(owners(n), r)
+    new = RendezvousSelector(tuple(o for o in owners(n) if o != gone), r)
+    ids = IDS[:500]
+    for before, after in zip(old.holders_of(ids), new.holders_of(ids), strict=True):
+        survivors = [o for o in before if o != gone]
+        assert list(after[: len(survivors)]) == survivors  # nothing moves but the gap
+        if gone not in before:
+            assert after == before
+
+
+def test_each_owner_holds_about_r_over_n_of_the_ids() -> None:
+    selector = RendezvousSelector(owners(5), 2)
+    counts = Counter(o for row in selector.holders_of(IDS) for o in row)
+    for owner in owners(5):
+        assert 0.85 * 2 / 5 <= counts[owner] / len(IDS) <= 1.15 * 2 / 5
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_invalid_replicas(bad: object) -> None:
+    with pytest.raises(InvalidInput):
+        RendezvousSelector(owners(2), bad)  # type: ignore[arg-type]

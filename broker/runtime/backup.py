@@ -1,0 +1,118 @@
+"""Upstream backup of updates: what a connection point keeps until it is delivered, and how a
+connection point tells a batch it was handed already (docs/failures.md).
+
+A connection point numbers every batch of updates it takes from a publisher (``origin_batch``,
+with ``origin`` its member sequence) and keeps it in its :class:`Outbox` until the batch's
+exit point reports it delivered (``Completed``); only then is the publisher acknowledged. If
+its access point dies, it sends everything unfinished again, in order, before anything new.
+(The access point does the same for the batches of an exit point that died.) A batch sent
+twice may reach a connection point twice: :class:`Seen` drops the second copy. A publisher's
+batches from one origin arrive in the order they were numbered (one exit point delivers them,
+in order; a batch sent again goes before anything newer), so one number per (origin,
+publisher), the highest handed over, tells a copy from a new batch.
+
+A batch that is not delivered within the outbox's ``timeout`` is refused to its publisher
+(``Unavailable``: publish again), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.errors import Unavailable
+
+__all__ = ["DELIVERY_TIMEOUT", "Outbox", "Seen"]
+
+DELIVERY_TIMEOUT = 60.0  # seconds a batch may take to be delivered before it is refused
+
+
+@dataclass(eq=False)
+class _Flight:
+    payload: bytes  # the serialized wire.Batch, ready to send again
+    count: int  # updates in it
+    sent: float  # time.monotonic() of the first send
+    done: asyncio.Future[int]  # the count once delivered; Unavailable if given up
+
+
+class Outbox:
+    """The batches a connection point sent on that are not delivered yet, in sending order."""
+
+    def __init__(self, timeout: float = DELIVERY_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._flights: dict[int, _Flight] = {}
+        self._numbers = 0
+
+    def __len__(self) -> int:
+        return len(self._flights)
+
+    def number(self) -> int:
+        """The number of the next batch (``Updates.origin_batch``; never 0)."""
+        self._numbers += 1
+        return self._numbers
+
+    def keep(self, number: int, payload: bytes, count: int) -> asyncio.Future[int]:
+        """Keep batch ``number`` until :meth:`completed`; its future gives ``count`` then."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._flights[number] = _Flight(payload, count, time.monotonic(), done)
+        return done
+
+    def completed(self, numbers: Iterable[int]) -> int:
+        """Batches delivered: forget them and resolve their futures; how many were kept."""
+        found = 0
+        for number in numbers:
+            flight = self._flights.pop(number, None)
+            if flight is not None:
+                found += 1
+                if not flight.done.done():
+                    flight.done.set_result(flight.count)
+        return found
+
+    def unfinished(self) -> list[bytes]:
+        """What to send again, in the order first sent."""
+        return [flight.payload for flight in self._flights.values()]
+
+    def expire(self, now: float | None = None) -> int:
+        """Refuse (and forget) the batches older than ``timeout``; how many."""
+        now = time.monotonic() if now is None else now
+        expired = [n for n, f in self._flights.items() if now - f.sent > self.timeout]
+        for number in expired:
+            flight = self._flights.pop(number)
+            if not flight.done.done():
+                flight.done.set_exception(
+                    Unavailable(
+                        f"the update batch was not delivered within {self.timeout:g} s "
+                        "(a failure in the cluster); publish it again"
+                    )
+                )
+        return len(expired)
+
+    def fail_all(self, reason: str) -> None:
+        """Refuse every kept batch (the connection point is stopping)."""
+        for flight in self._flights.values():
+            if not flight.done.done():
+                flight.done.set_exception(Unavailable(reason))
+        self._flights.clear()
+
+
+class Seen:
+    """Per (origin, publisher), the highest batch number handed over here."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def fresh(self, origin: int, publisher: str, batch: int) -> bool:
+        """True (and remembered) the first time a batch comes; False for a copy. Batches
+        that carry no number (0) are always fresh."""
+        if not batch:
+            return True
+        key = (origin, publisher)
+        if batch <= self._last.get(key, 0):
+            return False
+        self._last[key] = batch
+        return True
