@@ -1,19 +1,26 @@
 """``silbo bench chaos``: faults injected into a cluster under steady load, checked by an oracle.
 
-    silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--subscriptions 100]
-                      [--faults matcher,access-point,exit-point,matcher-hang,zookeeper]
+    silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--batch 10]
+                      [--subscriptions 100]
+                      [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
+                                scale-kill]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
-points and 2 exit points in a temporary state directory, subscribes W-IoT subscriptions from
-a gRPC subscriber and publishes W-IoT updates at ``--rate`` from one publisher (explicit
-sequences; a batch the cluster refuses is sent again as it was, and counted as a refusal).
-Every ``--interval`` seconds it injects the next fault of ``--faults`` (round robin):
+points, 2 exit points and the NGSI v2 HTTP front in a temporary state directory, subscribes
+W-IoT subscriptions from a gRPC subscriber and ``HTTP_SUBSCRIPTIONS`` NGSI subscriptions
+notifying a local HTTP receiver, and publishes W-IoT updates at ``--rate`` from one
+publisher (explicit sequences, each update carrying its sequence as ``chaosSeq``; a batch
+the cluster refuses is sent again as it was, and counted as a refusal). Every
+``--interval`` seconds it injects the next fault of ``--faults`` (round robin):
 
 - ``matcher``, ``access-point``, ``exit-point``: SIGKILL of one live process of the role;
 - ``matcher-hang``: SIGSTOP of a matcher until its repair, then SIGCONT (it finds itself
   fenced and exits; the supervisor restarts it);
-- ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it).
+- ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it);
+- ``scale-kill``: ``silbo admin scale matchers 4`` and, in the middle of it, SIGKILL of one
+  of the matchers; then ``silbo admin scale matchers 3`` right after (retried while another
+  scale runs); the outcomes are reported.
 
 Per fault it measures *detection* (until the configuration names the victim in ``failed``;
 for ZooKeeper, until it answers again) and *recovery* (until the layer serves its configured
@@ -21,22 +28,29 @@ size again without the victim). After the last fault and a quiet period, an end 
 published and waited for; then the oracle (the reference matcher, broker.matching.reference,
 not the broker's engine) says which notifications every update should have caused, and the
 summary counts published, acknowledged, refused, expected, delivered, lost, duplicated and
-unexpected. The PNG is the time line of delivered notifications per second with each fault
-(red) and its recovery (green) marked.
+unexpected, for the gRPC subscriber and for the HTTP receiver (keyed by subscription and
+``chaosSeq``; the oracle for those is the subscriptions' id patterns). The PNG is the time
+line of delivered notifications per second with each fault (red) and its recovery (green)
+marked.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import http.server
 import json
 import os
 import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -44,13 +58,15 @@ from typing import Any
 import numpy as np
 from kazoo.client import KazooClient
 
-from broker.bench.workloads.iot import iot_subscriptions, iot_updates
+from broker.bench.workloads.iot import IOT_TENANT, IOT_TYPE, iot_subscriptions, iot_updates
 from broker.client import Client
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.scale import read_plan
 from broker.errors import SilboError
 from broker.extras import require
 from broker.matching.reference import subscription_matches
+from broker.model.attribute import Attribute
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
 from broker.wire import client_pb2 as pb
@@ -58,8 +74,9 @@ from broker.wire.convert import entity_from_update
 
 __all__ = ["configure", "run"]
 
-FAULTS = ("matcher", "access-point", "exit-point", "matcher-hang", "zookeeper")
-BATCH = 10
+FAULTS = ("matcher", "access-point", "exit-point", "matcher-hang", "zookeeper", "scale-kill")
+# HTTP subscriptions: one per last digit of the station id, and one for every station
+HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
 SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2}
 _LAYER = {"matcher": "matchers", "access-point": "access_points", "exit-point": "exit_points"}
 _END_TYPE = "ChaosEnd"
@@ -70,6 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
     parser.add_argument("--interval", type=float, default=12.0, help="seconds between faults")
     parser.add_argument("--rate", type=int, default=200, help="updates/s published")
+    parser.add_argument("--batch", type=int, default=10, help="updates per publish batch")
     parser.add_argument("--subscriptions", type=int, default=100)
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"a comma list of {', '.join(FAULTS)}"
@@ -77,25 +95,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", type=Path, default=None, help="write the time line PNG")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run the cluster in DIR/state and keep it (its logs) afterwards",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit status 1 if anything acknowledged was duplicated or unexpected."""
+    """Run the benchmark; exit status 1 if a notification was lost, duplicated or unexpected."""
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = sorted(set(faults) - set(FAULTS))
-    if unknown or not faults or args.rate <= 0 or args.interval <= 0:
+    if unknown or not faults or args.rate <= 0 or args.interval <= 0 or args.batch <= 0:
         print(f"silbo bench chaos: error: bad options (unknown faults {unknown})", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="silbo-chaos-") as state:
-        summary = _Run(args, faults, Path(state)).run()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        summary = _Run(args, faults, args.keep).run()
+    else:
+        with tempfile.TemporaryDirectory(prefix="silbo-chaos-") as state:
+            summary = _Run(args, faults, Path(state)).run()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print(summary)
     if args.plot is not None:
         _plot(summary, args.plot)
-    return 1 if summary["duplicated"] or summary["unexpected"] else 0
+    http = summary["http"]
+    bad = (summary[k] or http[k] for k in ("lost", "duplicated", "unexpected"))
+    return 1 if any(bad) else 0
 
 
 class _Run:
@@ -118,13 +149,18 @@ class _Run:
         self.started = 0.0
         self.events: list[dict[str, Any]] = []
         self.client: KazooClient | None = None
+        self.http_port = _free_port()
+        self.receiver = _Receiver()
+        self.http_patterns: dict[str, re.Pattern[str]] = {}  # subscription id -> id pattern
 
     def run(self) -> dict[str, Any]:
         up = self._up()
+        self.receiver.start()
         try:
             endpoints = self._description()["endpoints"]
             subscriber = Client(endpoints, on_batch=self._on_batch, timeout=60.0)
             subscriber.subscribe_many(self.subscriptions)
+            self._subscribe_http()
             self.started = time.monotonic()
             publisher = threading.Thread(target=self._publish, args=(endpoints,), daemon=True)
             publisher.start()
@@ -142,6 +178,7 @@ class _Run:
             self._wait_end()
             subscriber.close()
         finally:
+            self.receiver.stop()
             if self.client is not None:
                 self.client.stop()
                 self.client.close()
@@ -157,6 +194,7 @@ class _Run:
     def _up(self) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
         command += ["--grpc-port", "0", "--log-level", "WARNING"]
+        command += ["--http-port", str(self.http_port)]
         for layer, size in SIZES.items():
             command += [f"--{layer}", str(size)]
         self.state.mkdir(parents=True)
@@ -191,20 +229,50 @@ class _Run:
             return None
         return current.configuration if current else None
 
+    def _subscribe_http(self) -> None:
+        """The NGSI subscriptions, through the HTTP front, notifying the receiver."""
+        for pattern in HTTP_SUBSCRIPTIONS:
+            document = {
+                "subject": {"entities": [{"idPattern": pattern, "type": IOT_TYPE}]},
+                "notification": {
+                    "http": {"url": f"http://127.0.0.1:{self.receiver.port}/notify"},
+                    "attrs": ["chaosSeq"],
+                },
+            }
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.http_port}/v2/subscriptions",
+                data=json.dumps(document).encode(),
+                headers={
+                    "Content-Type": "application/json",
+                    "Fiware-Service": IOT_TENANT,
+                    "Fiware-ServicePath": "/#",
+                },
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                location = answer.headers["Location"]
+            self.http_patterns[location.rsplit("/", 1)[-1]] = re.compile(pattern)
+
     # -- load -----------------------------------------------------------------------------
 
     def _publish(self, endpoints: list[str]) -> None:
         with Client(endpoints, publisher="chaos", timeout=60.0) as client:
-            pace = BATCH / self.args.rate
+            pace = self.args.batch / self.args.rate
             next_at = time.monotonic()
             while not self.stop_publishing.is_set():
-                batch = [self.pool[(len(self.sent) + i) % len(self.pool)] for i in range(BATCH)]
+                batch = [self._numbered(len(self.sent) + i) for i in range(self.args.batch)]
                 self._send(client, batch)
                 next_at += pace
                 time.sleep(max(0.0, next_at - time.monotonic()))
             self._send(
                 client, [ContextUpdate.of("end", {"n": len(self.sent)}, entity_type=_END_TYPE)]
             )
+
+    def _numbered(self, position: int) -> ContextUpdate:
+        """The pool's update for ``position``, carrying its sequence (position + 1)."""
+        update = self.pool[position % len(self.pool)]
+        attributes = {**update.attributes, "chaosSeq": Attribute("Number", position + 1)}
+        return dataclasses.replace(update, attributes=attributes)
 
     def _send(self, client: Client, batch: list[ContextUpdate]) -> None:
         request = pb.PublishRequest(
@@ -247,6 +315,8 @@ class _Run:
             os.kill(pid, signal.SIGKILL)
             detected = self._until(lambda: self._zookeeper_back(pid), 60)
             event.update(detection_s=detected, recovery_s=detected)
+        elif fault == "scale-kill":
+            event.update(self._kill_mid_scale())
         else:
             role = fault.removesuffix("-hang")
             victims = [p for p in self._description()["processes"] if p["role"] == role]
@@ -259,6 +329,55 @@ class _Run:
             event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
         self.events.append(event)
         _say(f"{fault}: detected in {event['detection_s']} s, whole in {event['recovery_s']} s")
+
+    def _kill_mid_scale(self) -> dict[str, Any]:
+        """Scale the matchers to 4, kill one of them in the middle, then scale back to 3."""
+        victims = [p for p in self._description()["processes"] if p["role"] == "matcher"]
+        victim = self.random.choice([v for v in victims if v.get("name")])
+        began = time.monotonic()
+        while True:  # a scale of the supervisor's (back to size) may run: start once it ended
+            scale = self._admin_scale(SIZES["matchers"] + 1)
+            started = self._until(
+                lambda scale=scale: self._planned() or scale.poll() is not None, 30
+            )
+            if started is None:
+                break
+            if scale.poll() is None or time.monotonic() - began > 60:
+                break  # the plan is up: the scale runs
+            time.sleep(0.5)  # rejected (another scale ran): again
+        time.sleep(self.random.random() * 0.5)  # the cut, the transfer, the switch...
+        os.kill(victim["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        detected = self._until(lambda: self._failed(victim["name"]), 60)
+        first = _outcome(scale)
+        began = time.monotonic()
+        while True:  # right after the failure; the supervisor's own scale may run: again
+            back = _outcome(self._admin_scale(SIZES["matchers"]))
+            if back.get("outcome") == "completed" or time.monotonic() - began > 90:
+                break
+            time.sleep(1.0)
+        whole = self._until(lambda: self._whole("matcher", victim["name"]), 90)
+        return {
+            "victim": victim["name"],
+            "detection_s": detected,
+            "recovery_s": None if whole is None else round(time.monotonic() - killed, 2),
+            "scale_out": first.get("outcome"),
+            "scale_out_message": first.get("message", ""),
+            "scale_back": back.get("outcome"),
+        }
+
+    def _planned(self) -> bool:
+        """Is a scale plan up in ZooKeeper (a scale running)?"""
+        self._configuration()  # connects the client if need be
+        try:
+            return self.client is not None and read_plan(self.client) is not None
+        except (SilboError, OSError, ValueError):
+            return False
+
+    def _admin_scale(self, size: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "broker.cli", "admin", "scale", "matchers", str(size)]
+        command += ["--state-dir", str(self.state), "--json"]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def _until(self, condition: Any, timeout: float) -> float | None:
         began = time.monotonic()
@@ -289,15 +408,34 @@ class _Run:
     # -- the oracle -------------------------------------------------------------------------
 
     def _summary(self) -> dict[str, Any]:
+        _say(f"the oracle: {len(self.sent):,} updates, {len(self.subscriptions)} subscriptions")
         expected: Counter[tuple[str, int]] = Counter()
+        # An update matches as its pool entry does (chaosSeq is in no subscription's filter):
+        # each entry is matched once.
+        by_entry: dict[int, list[str]] = {}
         for sequence, update in enumerate(self.sent, start=1):
-            for subscription in self.subscriptions:
-                if subscription_matches(subscription, update):
-                    expected[subscription.id, sequence] += 1
+            entry = (sequence - 1) % len(self.pool) if update.entity_type == IOT_TYPE else -sequence
+            matched = by_entry.get(entry)
+            if matched is None:
+                matched = by_entry[entry] = [
+                    s.id for s in self.subscriptions if subscription_matches(s, update)
+                ]
+            for subscription_id in matched:
+                expected[subscription_id, sequence] += 1
         got = Counter((s, q) for s, q, _t in self.arrivals)
         extra = got - expected
         duplicated = sum(n - 1 for key, n in got.items() if n > 1 and key in expected)
         lost = expected - got
+        http_expected: Counter[tuple[str, int]] = Counter()
+        for sequence, update in enumerate(self.sent, start=1):
+            if update.entity_type != IOT_TYPE:
+                continue
+            for subscription_id, pattern in self.http_patterns.items():
+                if pattern.search(update.entity_id):
+                    http_expected[subscription_id, sequence] += 1
+        http_got = self.receiver.received()
+        http_extra = http_got - http_expected
+        http_duplicated = sum(n - 1 for k, n in http_got.items() if n > 1 and k in http_expected)
         seconds = int(max((t for _s, _q, t in self.arrivals), default=0.0)) + 1
         per_second = np.bincount(
             np.asarray([int(t) for _s, _q, t in self.arrivals], dtype=np.int64), minlength=seconds
@@ -311,6 +449,14 @@ class _Run:
             "lost": lost.total(),
             "duplicated": duplicated,
             "unexpected": extra.total() - duplicated,
+            "http": {
+                "subscriptions": len(self.http_patterns),
+                "expected": http_expected.total(),
+                "delivered": http_got.total(),
+                "lost": (http_expected - http_got).total(),
+                "duplicated": http_duplicated,
+                "unexpected": http_extra.total() - http_duplicated,
+            },
             "faults": self.events,
             "delivered_per_second": per_second.tolist(),
             "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
@@ -322,10 +468,21 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"{key:>13}: {summary[key]:,}")
     print(f"{'duplicated':>13}: {summary['duplicated']:,}")
     print(f"{'unexpected':>13}: {summary['unexpected']:,}")
+    http = summary["http"]
+    print(
+        f"{'HTTP':>13}: {http['delivered']:,} of {http['expected']:,} delivered to "
+        f"{http['subscriptions']} subscriptions, {http['lost']:,} lost, "
+        f"{http['duplicated']:,} duplicated, {http['unexpected']:,} unexpected"
+    )
     for event in summary["faults"]:
+        scales = (
+            f", scale out {event['scale_out']}, back {event['scale_back']}"
+            if "scale_out" in event
+            else ""
+        )
         print(
             f"  t={event['t']:>7} s  {event['fault']:<13} detected {event['detection_s']} s, "
-            f"whole {event['recovery_s']} s"
+            f"whole {event['recovery_s']} s{scales}"
         )
 
 
@@ -360,3 +517,70 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
 
 def _say(message: str) -> None:
     print(f"[chaos] {message}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _outcome(scale: subprocess.Popen[str]) -> dict[str, Any]:
+    """What ``silbo admin scale --json`` answered (its error, if it printed no JSON)."""
+    try:
+        out, err = scale.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        scale.kill()
+        return {"outcome": "timed out"}
+    try:
+        found: dict[str, Any] = json.loads(out)
+        return found
+    except ValueError:
+        return {"outcome": "failed", "message": (err or out).strip()[-300:]}
+
+
+class _Receiver:
+    """An HTTP server that takes NGSI notifications and counts (subscription, chaosSeq)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[str, int]] = Counter()
+        self._lock = threading.Lock()
+        counts, lock = self._counts, self._lock
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                try:
+                    notification = json.loads(body)
+                    subscription = notification["subscriptionId"]
+                    keys = [
+                        (subscription, int(e["chaosSeq"]["value"])) for e in notification["data"]
+                    ]
+                except (ValueError, KeyError, TypeError):
+                    keys = []
+                with lock:
+                    counts.update(keys)
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def received(self) -> Counter[tuple[str, int]]:
+        with self._lock:
+            return Counter(self._counts)

@@ -49,6 +49,7 @@ from broker.coordination.errors import (
     ConfigurationConflict,
     CoordinationError,
     CorruptCoordinationData,
+    ZooKeeperUnavailable,
     translated,
 )
 
@@ -74,6 +75,8 @@ Watcher = Callable[[WatchedEvent], None]
 SCALE = "/scale"
 OWNER = f"{SCALE}/owner"
 _STAGES = ("ready", "done", "drained", "moved")
+REPORT_PATIENCE = 30.0  # seconds a report is tried again while ZooKeeper does not answer
+REPORT_RETRY = 0.2  # seconds between tries
 
 
 class ScaleInProgress(CoordinationError):
@@ -274,15 +277,36 @@ def switch(
             raise CoordinationError(f"the switch to epoch {new.epoch} failed: {result!r}")
 
 
-def report(client: KazooClient, stage: str, name: str, body: Mapping[str, float]) -> None:
-    """A participant reports a stage (``ready`` or ``done``) of the running scale."""
-    with translated(f"report {stage} for {name}"):
+def report(
+    client: KazooClient,
+    stage: str,
+    name: str,
+    body: Mapping[str, float],
+    *,
+    patience: float = REPORT_PATIENCE,
+) -> None:
+    """A participant reports a stage (``ready``, ``done``, ...) of the running scale.
+
+    A report is the only word the coordinator waits for: one lost to a ZooKeeper restart
+    would hold the scale (and every repair and scale after it) until its timeout. So a write
+    that meets no ZooKeeper is tried again for ``patience`` seconds (a write that was applied
+    before its answer was lost finds its znode there); ZooKeeperUnavailable after that.
+    """
+    deadline = time.monotonic() + patience
+    while True:
         try:
-            client.create(f"{SCALE}/{stage}/{name}", json.dumps(body).encode())
-        except NodeExistsError:
-            pass
-        except NoNodeError:
-            pass  # the scale ended (rolled back) meanwhile
+            with translated(f"report {stage} for {name}"):
+                try:
+                    client.create(f"{SCALE}/{stage}/{name}", json.dumps(body).encode())
+                except NodeExistsError:
+                    pass
+                except NoNodeError:
+                    pass  # the scale ended (rolled back) meanwhile
+            return
+        except ZooKeeperUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(REPORT_RETRY)
 
 
 def reports(

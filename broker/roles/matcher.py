@@ -19,7 +19,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -716,7 +716,7 @@ class Matcher(wire_grpc.MatcherServicer):
         scaling.ready = True
         _log.info("scale %s: ready", plan.id)
         body = {"moved": scaling.received, "bytes": scaling.received_bytes}
-        await asyncio.to_thread(scale_report, ctx.zk, "ready", ctx.name, body)
+        await self._report("ready", body)
 
     async def _compile_received(self) -> None:
         """A new matcher, before it reports ready: compile what it received, the largest
@@ -731,9 +731,16 @@ class Matcher(wire_grpc.MatcherServicer):
     async def _finish(self, scaling: _Scaling) -> None:
         """Every access point switched: drop what moved away, count everything again."""
         self._settle(scaling, completed=True)
+        await self._report("done", {"moved": len(scaling.moved_out)})
+
+    async def _report(self, stage: str, body: Mapping[str, float]) -> None:
+        """Report a stage of the scale; one ZooKeeper never took is logged (the coordinator
+        times out), and never ends the stream whose marker brought it here."""
         ctx = self._ctx()
-        body = {"moved": len(scaling.moved_out)}
-        await asyncio.to_thread(scale_report, ctx.zk, "done", ctx.name, body)
+        try:
+            await asyncio.to_thread(scale_report, ctx.zk, stage, ctx.name, body)
+        except SilboError as exc:
+            _log.error("could not report %s: %s", stage, exc)
 
     def _follow_scale(self) -> None:
         """The plan changed: a new one may let parts waiting for it in. One that ended (the

@@ -244,3 +244,35 @@ def test_the_scale_view_follows_a_plan_while_its_owner_lives_or_it_switched(
             view.stop()
 
     asyncio.run(follow())
+
+
+class _FlakyZooKeeper:
+    """A client (at the interface ``report`` uses) whose first writes meet no ZooKeeper."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.created: list[str] = []
+
+    def create(self, path: str, value: bytes) -> None:
+        from kazoo.exceptions import ConnectionLoss
+
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionLoss()
+        self.created.append(path)
+
+
+def test_a_report_is_written_once_zookeeper_answers_again() -> None:
+    flaky = _FlakyZooKeeper(failures=3)  # a ZooKeeper restart, seen by a participant
+    report(flaky, "done", "m1", {"moved": 0}, patience=5.0)  # type: ignore[arg-type]
+    assert flaky.created == ["/scale/done/m1"]
+
+
+def test_a_report_zookeeper_never_takes_fails_after_its_patience() -> None:
+    from broker.coordination.errors import ZooKeeperUnavailable
+
+    flaky = _FlakyZooKeeper(failures=1_000)
+    started = time.monotonic()
+    with pytest.raises(ZooKeeperUnavailable, match="report done for m1"):
+        report(flaky, "done", "m1", {"moved": 0}, patience=0.5)  # type: ignore[arg-type]
+    assert 0.5 <= time.monotonic() - started < 3.0 and not flaky.created
