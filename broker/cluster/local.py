@@ -72,8 +72,8 @@ from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
 from broker.errors import InvalidInput, SilboError
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
+from broker.processes import command_line, running
 from broker.runtime.options import DEFAULT_CLUSTER, Role
-from broker.runtime.processes import command_line, running
 
 __all__ = [
     "ClusterBusy",

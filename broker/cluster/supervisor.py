@@ -18,7 +18,9 @@ embedded ZooKeeper:
    its share of the subscriptions to it). Scales run one at a time in a thread; one that
    does not complete is tried again at the next check;
 3. **the embedded ZooKeeper is gone**: it is started again on the same port and data
-   directory; clients reconnect, and sessions still within their timeout go on.
+   directory; clients reconnect, and sessions still within their timeout go on. A thread
+   of its own looks after ZooKeeper: the checks above wait on ZooKeeper when it is away, and
+   must not be what keeps it away.
 
 Every event is one line on ``out`` (stderr of ``silbo up``) and a count in cluster.json
 (``restarts`` per process) that ``silbo admin status`` shows.
@@ -93,9 +95,16 @@ class Supervisor:
         self._scaling: threading.Thread | None = None
         self._next_scale = 0.0
         self._restoring = False  # a process was restarted: its layer may be short of one
+        self._zookeeper_lock = threading.Lock()
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(
+            target=self._watch_zookeeper, name="zookeeper-watchdog", daemon=True
+        )
+        self._watchdog.start()
 
     def close(self) -> None:
         """Stop using ZooKeeper (a scale under way finishes in its thread)."""
+        self._closed.set()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.stop()
@@ -105,11 +114,7 @@ class Supervisor:
     def check(self) -> None:
         """One look at everything; restarts and scales what needs it (never raises for a
         ZooKeeper that is away: the next check tries again)."""
-        status = self._cluster.zookeeper_exited()
-        if status is not None:
-            self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
-            self._cluster.restart_zookeeper()
-            self._say("the embedded ZooKeeper serves again")
+        self._keep_zookeeper()
         description = read_cluster(self._state_dir)
         if description is None:
             return
@@ -122,6 +127,26 @@ class Supervisor:
                 self._restore_sizes(description)
         except SilboError as exc:
             _log.warning("supervisor check failed (%s); trying again", exc)
+
+    # -- the embedded ZooKeeper -----------------------------------------------------------
+
+    def _watch_zookeeper(self) -> None:
+        while not self._closed.wait(CHECK_INTERVAL):
+            try:
+                self._keep_zookeeper()
+            except Exception:  # a watchdog must outlive what it watches
+                _log.exception("restarting the embedded ZooKeeper failed; trying again")
+
+    def _keep_zookeeper(self) -> None:
+        """Start the embedded ZooKeeper again if it died (the watchdog and the checks both
+        look; one restarts it)."""
+        with self._zookeeper_lock:
+            status = self._cluster.zookeeper_exited()
+            if status is None or self._closed.is_set():
+                return
+            self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
+            self._cluster.restart_zookeeper()
+            self._say("the embedded ZooKeeper serves again")
 
     # -- dead processes -----------------------------------------------------------------
 

@@ -57,7 +57,7 @@ from broker.coordination.errors import (
     ServerStartTimeout,
     ZooKeeperJarsNotFound,
 )
-from broker.runtime.processes import command_line, running
+from broker.processes import command_line, running
 
 __all__ = [
     "DEBIAN_JAR_DIRS",

@@ -13,11 +13,11 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from broker.errors import InvalidValue
 from broker.model.identifiers import check_identifier
+from broker.query.dates import parse_iso8601
 
 __all__ = [
     "DATE_TYPES",
@@ -33,22 +33,6 @@ __all__ = [
 DATE_TYPES = frozenset({"DateTime", "ISO8601"})
 MAX_VALUE_DEPTH = 32
 MAX_STRING_LENGTH = 1 << 20  # Orion caps a whole request at 1 MB
-
-
-def parse_iso8601(text: str) -> float | None:
-    """Return the epoch seconds of an ISO 8601 date or date-time, or None if it is not one.
-
-    A date-time without an offset is taken as UTC (as Orion does). ``Z`` is accepted.
-    """
-    if len(text) < 10 or not text[:4].isdigit() or text[4] != "-":
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def default_type(value: Any) -> str:

@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from broker.ngsi.allow import AllowList
 from broker.ngsi.front import BrokerPort, FrontOptions, NgsiFront
+from broker.ngsi.routes import add_routes
 
-__all__ = ["AllowList", "BrokerPort", "FrontOptions", "NgsiFront"]
+__all__ = ["AllowList", "BrokerPort", "FrontOptions", "NgsiFront", "add_routes"]

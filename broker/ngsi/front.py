@@ -29,6 +29,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from broker.addresses import parse_address
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
@@ -47,7 +48,6 @@ from broker.ngsi.notifier import (
 from broker.ngsi.request import BODY_TIMEOUT, MAX_BODY, READ_TIMEOUT, checks
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
-from broker.runtime.options import parse_address
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 
@@ -78,6 +78,8 @@ OnFronts = Callable[[dict[str, str], bool], None]
 # a front's registry (broker.coordination.http_subscriptions): given the front's HTTP address
 # and what to call when the fronts change
 OpenRegistry = Callable[[str, OnFronts], Registry]
+# what puts the API's routes on the front's application (broker.ngsi.routes.add_routes)
+AddRoutes = Callable[[web.Application, "NgsiFront"], None]
 
 
 class BrokerPort(Protocol):
@@ -161,12 +163,11 @@ class NgsiFront:
         self._adopting = asyncio.Lock()  # adoption and hand-over never interleave
         self._leaving = False  # handed over: the staying fronts own what it held
 
-    async def start(self) -> str:
-        """Serve HTTP; the address bound (AddressTaken if it cannot). The front joins the
-        other fronts (ZooKeeper) between binding and serving: a request it answers can
-        always keep a subscription."""
-        from broker.ngsi.routes import add_routes  # routes import this module
-
+    async def start(self, add_routes: AddRoutes) -> str:
+        """Serve HTTP with the routes ``add_routes`` adds (broker.ngsi.routes.add_routes: the
+        routes import this module, never the other way); the address bound (AddressTaken if
+        it cannot). The front joins the other fronts (ZooKeeper) between binding and serving:
+        a request it answers can always keep a subscription."""
         host, port = parse_address(self.options.listen, "--http-listen")
         sock = _bind(host, port, self.options.listen)
         app = web.Application(middlewares=[checks], client_max_size=MAX_BODY + 1)

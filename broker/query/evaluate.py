@@ -20,13 +20,29 @@ docs/query-language.md for how this follows Orion.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from broker.model.attribute import Attribute
 from broker.query.ast import Filter, Kind, Literal, Op, Statement
 from broker.query.regex import compile_pattern
 
-__all__ = ["filter_matches", "statement_matches"]
+__all__ = ["Attribute", "filter_matches", "statement_matches"]
+
+
+class _Valued(Protocol):
+    @property
+    def match_value(self) -> Any: ...
+
+
+class Attribute(Protocol):
+    """What a filter reads of an attribute (broker.model.attribute.Attribute is one): the
+    value it compares and the metadata (each with its value) ``mq`` reads."""
+
+    @property
+    def match_value(self) -> Any: ...
+
+    @property
+    def metadata(self) -> Mapping[str, _Valued]: ...
+
 
 _MISSING: Any = object()
 

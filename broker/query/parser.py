@@ -23,8 +23,8 @@ import math
 import re
 
 from broker.errors import InvalidRegex, QuerySyntaxError
-from broker.model.attribute import parse_iso8601
 from broker.query.ast import Filter, Kind, Literal, Op, Range, Statement
+from broker.query.dates import parse_iso8601
 from broker.query.regex import compile_pattern
 
 __all__ = [

@@ -42,16 +42,15 @@ from broker.coordination.membership import Member
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import packb, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
+from broker.wire.streams import MATCH
 
 __all__ = ["AccessPoint"]
 
 _log = logging.getLogger(__name__)
 
-_MATCH = "/broker.wire.Matcher/Match"
 READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
 RETAIN_LIMIT = 120.0  # seconds a batch is kept for sending again, at most
 SWEEP_EVERY = 5.0  # seconds between looks for batches kept too long
@@ -168,8 +167,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                         await self._route_subscriptions(batch.subscriptions, replies)
                     elif body == "unsubscriptions":
                         await self._route_unsubscriptions(batch.unsubscriptions, replies)
-                    elif body == "marker" and batch.marker.kind == "fence":
-                        await self._route_fence(batch.marker)
+                    elif body == "marker" and batch.marker.WhichOneof("kind") == "fence":
+                        await self._route_fence(batch.marker.fence)
                 except _NotReady as exc:
                     self._refuse(batch, str(exc), replies)
         except asyncio.CancelledError:
@@ -234,21 +233,20 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                     del kept[number]
             self._ctx().metrics.retained.set(sum(map(len, self._kept)))
 
-    async def _route_fence(self, marker: wire.Marker) -> None:
+    async def _route_fence(self, fence: wire.Fence) -> None:
         """A connection point's fence: on to every matcher, in order with the updates.
 
         Each matcher passes it to the exit points after the partial results of everything
         it matched before; the exit points answer the connection point once those are
-        delivered (docs/protocol.md, "Fences"). The body gets the matchers and exit points
-        to wait for.
+        delivered (docs/protocol.md, "Fences"). It gets the matchers and exit points to wait
+        for.
         """
         async with self._lock:
             configuration = await self._routing()
-            body = unpackb(marker.body)
-            body["matchers"] = list(configuration.matchers)
-            body["exit_points"] = list(self._gatherers)
-            fence = wire.Marker(kind="fence", epoch=configuration.epoch, body=packb(body))
-            payload = wire.Batch(marker=fence).SerializeToString()
+            fence.matchers[:] = configuration.matchers
+            fence.exit_points[:] = self._gatherers
+            marker = wire.Marker(epoch=configuration.epoch, fence=fence)
+            payload = wire.Batch(marker=marker).SerializeToString()
             for name in configuration.matchers:
                 await self._send(name, payload)
 
@@ -366,7 +364,9 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                 return
             self._scale_started = plan.id
             marker = wire.Batch(
-                marker=wire.Marker(kind="start-scale", epoch=plan.new.epoch, body=plan.encode())
+                marker=wire.Marker(
+                    epoch=plan.new.epoch, start_scale=wire.StartScale(plan=plan.encode())
+                )
             ).SerializeToString()
             for name in plan.old.matchers:
                 await self._send(name, marker)
@@ -396,7 +396,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         previous = self._config.history.get(self._routed_epoch)
         if previous is not None and self._routed_epoch:
             marker = wire.Batch(
-                marker=wire.Marker(kind="switch", epoch=configuration.epoch)
+                marker=wire.Marker(epoch=configuration.epoch, switch=wire.Switch())
             ).SerializeToString()
             for name in previous.matchers:
                 await self._send(name, marker)
@@ -510,7 +510,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             link = Link(
                 name,
                 member.address,
-                _MATCH,
+                MATCH,
                 ctx.hello(),
                 metrics=ctx.metrics,
                 streaming_response=True,

@@ -56,18 +56,19 @@ from broker.errors import (
     Unavailable,
     mapping_for,
 )
-from broker.ngsi import AllowList, FrontOptions, NgsiFront
+from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
 from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import pack_subscription, packb, unpackb
+from broker.serialization import pack_subscription, packb
 from broker.wire import client_pb2 as pb
 from broker.wire import client_pb2_grpc as pb_grpc
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.convert import normalize_entity, subscription_from_spec
+from broker.wire.streams import ROUTE
 
 __all__ = ["MAX_BATCH_ENTITIES", "ConnectionPoint"]
 
@@ -80,7 +81,6 @@ REQUEST_TIMEOUT = 30.0
 PLACE_AGAIN_CHUNK = 5_000  # subscriptions per request when placing again after a repair
 FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
 LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
-_ROUTE = "/broker.wire.AccessPoint/Route"
 _M = TypeVar("_M", bound=Message)
 
 
@@ -583,8 +583,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 self._deliver(handoff.deliveries)
             elif body == "completed":
                 self._completed(handoff.completed)
-            elif body == "marker" and handoff.marker.kind == "fence":
-                self._fence_passed(unpackb(handoff.marker.body))
+            elif body == "marker" and handoff.marker.WhichOneof("kind") == "fence":
+                self._fence_passed(handoff.marker.fence)
         return wire.Empty()
 
     def _completed(self, completed: wire.Completed) -> None:
@@ -669,7 +669,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         link = Link(
             target.name,
             target.address,
-            _ROUTE,
+            ROUTE,
             ctx.hello(),
             metrics=ctx.metrics,
             streaming_response=True,
@@ -723,8 +723,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         token = next(self._fence_tokens)
         wait = _FenceWait(asyncio.get_running_loop().create_future())
         self._fences[token] = wait
-        body = packb({"cp": self._number, "token": token})
-        marker = wire.Batch(marker=wire.Marker(kind="fence", body=body))
+        fence = wire.Fence(connection_point=self._number, token=token)
+        marker = wire.Batch(marker=wire.Marker(fence=fence))
         try:
             if await link.send(marker.SerializeToString()):
                 await asyncio.wait_for(wait.done, FENCE_TIMEOUT)
@@ -733,12 +733,12 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         finally:
             self._fences.pop(token, None)
 
-    def _fence_passed(self, body: dict[str, Any]) -> None:
-        wait = self._fences.get(int(body["token"]))
+    def _fence_passed(self, fence: wire.Fence) -> None:
+        wait = self._fences.get(fence.token)
         if wait is None or wait.done.done():
             return
-        wait.replies.add(int(body["exit_point"]))
-        if wait.replies >= {int(s) for s in body["exit_points"]}:
+        wait.replies.add(fence.exit_point)
+        if wait.replies >= set(fence.exit_points):
             wait.done.set_result(None)
 
     # -- scales -----------------------------------------------------------------------------
@@ -906,7 +906,7 @@ class _FrontPort:
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))
-        await front.start()
+        await front.start(add_routes)
         return front
 
     async def _consume(self, front: NgsiFront) -> None:

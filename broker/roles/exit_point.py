@@ -62,15 +62,14 @@ from broker.runtime.handles import connection_points_of
 from broker.runtime.link import Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import packb, unpackb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
+from broker.wire.streams import DELIVER
 
 __all__ = ["ExitPoint"]
 
 _log = logging.getLogger(__name__)
 
-_DELIVER = "/broker.wire.Delivery/Deliver"
 DRAIN_POLL = 0.01  # seconds between looks at the drained reports while holding a new epoch
 LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
 STRAGGLER_GRACE = 1.0  # seconds a batch waits for a matcher its replicas can stand in for
@@ -82,7 +81,7 @@ class _Fence:
     """A connection point's fence as the matchers' copies of it arrive."""
 
     connection_point: int
-    body: dict[str, Any]
+    fence: wire.Fence  # the first copy
     arrived: set[str] = field(default_factory=set)
     waits: list[tuple[str, int]] = field(default_factory=list)  # (access point, first_seq)
 
@@ -168,12 +167,15 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 matcher = gather.hello.sender
             elif body == "partial":
                 await self._add(matcher, gather.partial)
-            elif body == "marker" and gather.marker.kind == "switch":
-                access_point = gather.marker.body.decode()
-                self._ended.setdefault(access_point, {})[matcher] = gather.marker.epoch
-                self._check_drained()
-            elif body == "marker" and gather.marker.kind == "fence":
-                await self._add_fence(matcher, unpackb(gather.marker.body))
+            elif body == "marker":
+                marker = gather.marker
+                kind = marker.WhichOneof("kind")
+                if kind == "switch":
+                    access_point = marker.switch.access_point
+                    self._ended.setdefault(access_point, {})[matcher] = marker.epoch
+                    self._check_drained()
+                elif kind == "fence":
+                    await self._add_fence(matcher, marker.fence)
         return wire.Empty()
 
     async def _add(self, matcher: str, partial: wire.Partial) -> None:
@@ -398,11 +400,11 @@ class ExitPoint(wire_grpc.ExitPointServicer):
 
     # -- fences ---------------------------------------------------------------------------
 
-    async def _add_fence(self, matcher: str, body: dict[str, Any]) -> None:
+    async def _add_fence(self, matcher: str, copy: wire.Fence) -> None:
         """One matcher's copy of a fence: wait for every batch it reported before it."""
         async with self._lock:
-            key = (int(body["cp"]), int(body["token"]))
-            fence = self._fences.setdefault(key, _Fence(key[0], body))
+            key = (copy.connection_point, copy.token)
+            fence = self._fences.setdefault(key, _Fence(key[0], copy))
             fence.arrived.add(matcher)
             for access_point, line in self._pending.items():
                 reported = [seq for seq, p in line.items() if matcher in p.reported]
@@ -413,14 +415,18 @@ class ExitPoint(wire_grpc.ExitPointServicer):
     async def _pass_fences(self) -> None:
         """Answer the fences whose batches are all delivered (the lock is held)."""
         for key, fence in list(self._fences.items()):
-            if not fence.arrived >= set(fence.body["matchers"]) - self._failed:
+            if not fence.arrived >= set(fence.fence.matchers) - self._failed:
                 continue
             if any(seq in self._pending.get(ap, {}) for ap, seq in fence.waits):
                 continue
             del self._fences[key]
-            body = {"cp": key[0], "token": key[1], "exit_points": fence.body["exit_points"]}
-            body["exit_point"] = self._ctx().member.sequence
-            marker = wire.Marker(kind="fence", body=packb(body))
+            answer = wire.Fence(
+                connection_point=key[0],
+                token=key[1],
+                exit_points=fence.fence.exit_points,
+                exit_point=self._ctx().member.sequence,
+            )
+            marker = wire.Marker(fence=answer)
             link = self._links.get(fence.connection_point)
             if link is not None:
                 await link.send(wire.Handoff(marker=marker).SerializeToString())
@@ -491,7 +497,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         follow_members(
             self._links,
             self._connection_points.members,
-            method=_DELIVER,
+            method=DELIVER,
             hello=hello.SerializeToString(),
             metrics=ctx.metrics,
         )

@@ -41,18 +41,18 @@ from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
-from broker.serialization import packb, unpack_subscription, unpackb
+from broker.serialization import unpack_subscription, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.convert import trusted_update_from_obj
+from broker.wire.streams import COLLECT
 from spark_matcher.offload import Offload
 
 __all__ = ["Matcher"]
 
 _log = logging.getLogger(__name__)
 
-_COLLECT = "/broker.wire.ExitPoint/Collect"
 EXIT_WAIT = 30.0
 COMPACT_AFTER = 0.2  # seconds after the last subscription of a burst
 SETTLE_AFTER = 3.0  # seconds after removing what moved away before compacting what stays
@@ -424,8 +424,9 @@ class Matcher(wire_grpc.MatcherServicer):
 
     async def _marker(self, access_point: str, marker: wire.Marker) -> None:
         """A control marker from an access point, in order with its data (the lock is held)."""
-        if marker.kind == "start-scale":
-            plan = ScalePlan.decode(marker.body)
+        kind = marker.WhichOneof("kind")
+        if kind == "start_scale":
+            plan = ScalePlan.decode(marker.start_scale.plan)
             scaling = self._scaling_for(plan)
             scaling.started_from.add(access_point)
             _log.info(
@@ -437,30 +438,28 @@ class Matcher(wire_grpc.MatcherServicer):
             )
             if not scaling.split and scaling.started_from >= self._access_point_names():
                 await self._split(scaling)
-        elif marker.kind == "switch":
-            await self._forward(marker, access_point.encode(), list(self._links))
+        elif kind == "switch":
+            marker.switch.access_point = access_point
+            await self._forward(marker, list(self._links))
             current = self._scaling
             if current is None:
                 return
             current.switched_from.add(access_point)
             if current.switched_from >= self._access_point_names():
                 await self._finish(current)
-        elif marker.kind == "fence":
-            body = unpackb(marker.body)
-            body["matcher"] = self._ctx().name
-            await self._forward(marker, packb(body), [int(s) for s in body["exit_points"]])
+        elif kind == "fence":
+            marker.fence.matcher = self._ctx().name
+            await self._forward(marker, list(marker.fence.exit_points))
 
-    async def _forward(self, marker: wire.Marker, body: bytes, exit_points: list[int]) -> None:
+    async def _forward(self, marker: wire.Marker, exit_points: list[int]) -> None:
         """Pass a marker on to exit points, after every partial result sent them before.
 
         A switch tells them an access point's old epoch is over on this matcher's channel
-        (its body: the access point); a fence, that everything this matcher matched before
-        it is with them (its body: the fence, with this matcher's name added).
+        (it names the access point); a fence, that everything this matcher matched before
+        it is with them (it names this matcher).
         """
         await self._await_exit_points(set(exit_points))
-        payload = wire.Gather(
-            marker=wire.Marker(kind=marker.kind, epoch=marker.epoch, body=body)
-        ).SerializeToString()
+        payload = wire.Gather(marker=marker).SerializeToString()
         for sequence in exit_points:
             link = self._links.get(sequence)
             if link is not None:
@@ -881,7 +880,7 @@ class Matcher(wire_grpc.MatcherServicer):
         follow_members(
             self._links,
             self._exits.members,
-            method=_COLLECT,
+            method=COLLECT,
             hello=hello.SerializeToString(),
             metrics=ctx.metrics,
         )

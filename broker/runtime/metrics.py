@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from broker.addresses import parse_address
 from broker.errors import InvalidInput
-from broker.runtime.options import parse_address
 
 __all__ = ["ProcessMetrics"]
 

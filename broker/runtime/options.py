@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from broker.addresses import parse_address
 from broker.errors import InvalidInput
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
@@ -20,14 +21,6 @@ class Role(enum.Enum):
     ACCESS_POINT = "access-point"
     MATCHER = "matcher"
     EXIT_POINT = "exit-point"
-
-
-def parse_address(text: str, what: str = "address") -> tuple[str, int]:
-    """``(host, port)`` of ``HOST:PORT`` (port 0: any free one); InvalidInput otherwise."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-        raise InvalidInput(f"{what} {text!r} must be HOST:PORT with a port from 0 to 65535")
-    return host.strip("[]"), int(port_text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,14 +68,44 @@ class Unsubscriptions(_message.Message):
     def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Marker(_message.Message):
-    __slots__ = ("kind", "epoch", "body")
-    KIND_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("epoch", "start_scale", "switch", "fence")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
-    BODY_FIELD_NUMBER: _ClassVar[int]
-    kind: str
+    START_SCALE_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     epoch: int
-    body: bytes
-    def __init__(self, kind: _Optional[str] = ..., epoch: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    start_scale: StartScale
+    switch: Switch
+    fence: Fence
+    def __init__(self, epoch: _Optional[int] = ..., start_scale: _Optional[_Union[StartScale, _Mapping]] = ..., switch: _Optional[_Union[Switch, _Mapping]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ...) -> None: ...
+
+class StartScale(_message.Message):
+    __slots__ = ("plan",)
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    plan: bytes
+    def __init__(self, plan: _Optional[bytes] = ...) -> None: ...
+
+class Switch(_message.Message):
+    __slots__ = ("access_point",)
+    ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
+    access_point: str
+    def __init__(self, access_point: _Optional[str] = ...) -> None: ...
+
+class Fence(_message.Message):
+    __slots__ = ("connection_point", "token", "matchers", "exit_points", "matcher", "exit_point")
+    CONNECTION_POINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MATCHERS_FIELD_NUMBER: _ClassVar[int]
+    EXIT_POINTS_FIELD_NUMBER: _ClassVar[int]
+    MATCHER_FIELD_NUMBER: _ClassVar[int]
+    EXIT_POINT_FIELD_NUMBER: _ClassVar[int]
+    connection_point: int
+    token: int
+    matchers: _containers.RepeatedScalarFieldContainer[str]
+    exit_points: _containers.RepeatedScalarFieldContainer[int]
+    matcher: str
+    exit_point: int
+    def __init__(self, connection_point: _Optional[int] = ..., token: _Optional[int] = ..., matchers: _Optional[_Iterable[str]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matcher: _Optional[str] = ..., exit_point: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("hello", "updates", "subscriptions", "unsubscriptions", "marker", "completed")
