@@ -264,7 +264,7 @@ class _FlakyZooKeeper:
 
 def test_a_report_is_written_once_zookeeper_answers_again() -> None:
     flaky = _FlakyZooKeeper(failures=3)  # a ZooKeeper restart, seen by a participant
-    report(flaky, "done", "m1", {"moved": 0}, patience=5.0)  # type: ignore[arg-type]
+    report(flaky, "done", "m1", {"moved": 0}, patience=5.0)
     assert flaky.created == ["/scale/done/m1"]
 
 
@@ -274,5 +274,5 @@ def test_a_report_zookeeper_never_takes_fails_after_its_patience() -> None:
     flaky = _FlakyZooKeeper(failures=1_000)
     started = time.monotonic()
     with pytest.raises(ZooKeeperUnavailable, match="report done for m1"):
-        report(flaky, "done", "m1", {"moved": 0}, patience=0.5)  # type: ignore[arg-type]
+        report(flaky, "done", "m1", {"moved": 0}, patience=0.5)
     assert 0.5 <= time.monotonic() - started < 3.0 and not flaky.created
