@@ -194,6 +194,99 @@ class ClusterSpec:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ChildOptions:
+    """What every process of a role is started with besides its address: one place that
+    turns a cluster's options into ``silbo run`` arguments, for ``up``, the supervisor's
+    restarts and ``admin scale`` alike (kept in cluster.json as ``child_options``)."""
+
+    log_level: str = "INFO"
+    spark_offload: int = 0  # matchers
+    http_port: int | None = None  # connection points: the first one's; 0: any; None: no HTTP
+    status_flush: float = 10.0
+    http_read_timeout: float = 30.0
+    retry_window: float = DEFAULT_WINDOW
+    notify_allow: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: ClusterSpec) -> ChildOptions:
+        """The options of ``spec``'s processes."""
+        return cls(
+            spec.log_level,
+            spec.spark_offload,
+            spec.http_port,
+            spec.status_flush,
+            spec.http_read_timeout,
+            spec.retry_window,
+            tuple(spec.notify_allow),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """For cluster.json."""
+        return {
+            "log_level": self.log_level,
+            "spark_offload": self.spark_offload,
+            "http_port": self.http_port,
+            "status_flush": self.status_flush,
+            "http_read_timeout": self.http_read_timeout,
+            "retry_window": self.retry_window,
+            "notify_allow": list(self.notify_allow),
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> ChildOptions:
+        """What :meth:`to_dict` wrote (the defaults for a cluster.json without it)."""
+        if not isinstance(data, dict):
+            return cls()
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["notify_allow"] = tuple(known.get("notify_allow") or ())
+        return cls(**known)
+
+    def arguments(self, role: Role, number: int) -> list[str]:
+        """The role-specific ``silbo run`` arguments of process ``number`` (from 1)."""
+        extra = ["--log-level", self.log_level]
+        if role is Role.MATCHER and self.spark_offload:
+            extra += ["--spark-offload", str(self.spark_offload)]
+        if role is Role.CONNECTION_POINT and self.http_port is not None:
+            http = self.http_port and self.http_port + number - 1
+            extra += [
+                *("--http-listen", f"{HOST}:{http}"),
+                *("--status-flush", str(self.status_flush)),
+                *("--http-read-timeout", str(self.http_read_timeout)),
+                *("--retry-window", str(self.retry_window)),
+            ]
+            for entry in self.notify_allow:
+                extra += ["--notify-allow", entry]
+        return extra
+
+
+def spawn_process(
+    role: Role,
+    number: int,
+    *,
+    zk: str,
+    cluster: str,
+    listen: str,
+    options: ChildOptions,
+    log: Path,
+    preexec: Callable[[], None] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start one ``silbo run ROLE`` process in its own session, its output appended to
+    ``log``: the one way every process of a local cluster is started."""
+    command = [sys.executable, "-m", "broker.cli", "run", role.value, "--zk", zk]
+    command += ["--cluster", cluster, "--listen", listen, *options.arguments(role, number)]
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us
+            preexec_fn=preexec,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
 @dataclass(slots=True)
 class _Child:
     role: Role
@@ -530,52 +623,18 @@ class LocalCluster:
                     listen = f"{HOST}:{port + i}"
                 self._spawn(role, i + 1, listen)
 
-    def _http_options(self, number: int) -> list[str]:
-        """A connection point's NGSI v2 options (``number`` counts from 1)."""
-        if self.spec.http_port is None:
-            return []
-        http = self.spec.http_port and self.spec.http_port + number - 1
-        extra = [
-            *("--http-listen", f"{HOST}:{http}"),
-            *("--status-flush", str(self.spec.status_flush)),
-            *("--http-read-timeout", str(self.spec.http_read_timeout)),
-            *("--retry-window", str(self.spec.retry_window)),
-        ]
-        for entry in self.spec.notify_allow:
-            extra += ["--notify-allow", entry]
-        return extra
-
     def _spawn(self, role: Role, number: int, listen: str) -> None:
         log = self.state_dir / "logs" / f"{role.value}-{number}.log"
-        command = [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "run",
-            role.value,
-            "--zk",
-            self._zk_address,
-            "--cluster",
-            self.spec.cluster,
-            "--listen",
-            listen,
-            "--log-level",
-            self.spec.log_level,
-        ]
-        if role is Role.CONNECTION_POINT:
-            command += self._http_options(number)
-        if role is Role.MATCHER and self.spec.spark_offload:
-            command += ["--spark-offload", str(self.spec.spark_offload)]
-        with _signals_held() as mask, open(log, "ab") as out:
-            setup = _ChildSetup(os.getpid(), mask, die=not self.spec.detach)
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the supervisor, which stops us
-                preexec_fn=setup,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        with _signals_held() as mask:
+            process = spawn_process(
+                role,
+                number,
+                zk=self._zk_address,
+                cluster=self.spec.cluster,
+                listen=listen,
+                options=ChildOptions.of(self.spec),
+                log=log,
+                preexec=_ChildSetup(os.getpid(), mask, die=not self.spec.detach),
             )
             self._children.append(
                 _Child(role, process, log, _start_time(process.pid), number=number, listen=listen)
@@ -653,6 +712,7 @@ class LocalCluster:
             "detached": self.spec.detach,
             "started": time.time(),
             "zookeeper": zookeeper,
+            "child_options": ChildOptions.of(self.spec).to_dict(),
             "endpoints": [
                 p["address"]
                 for p in processes
@@ -849,6 +909,7 @@ def add_processes(
     if description is None:
         raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
     zk, cluster = description["zookeeper"]["address"], description["cluster"]
+    options = ChildOptions.from_dict(description.get("child_options"))
     logs = Path(description.get("state_dir") or state_dir) / "logs"
     taken = {p.get("log") for p in description.get("processes") or []}
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
@@ -858,17 +919,9 @@ def add_processes(
             number += 1
         log = logs / f"{role.value}-{number}.log"
         taken.add(str(log))
-        command = [sys.executable, "-m", "broker.cli", "run", role.value, "--zk", zk]
-        command += ["--cluster", cluster, "--listen", f"{HOST}:0"]
-        with open(log, "ab") as out:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        process = spawn_process(
+            role, number, zk=zk, cluster=cluster, listen=f"{HOST}:0", options=options, log=log
+        )
         started.append((process, log))
     client = connect(zk, cluster=cluster, timeout=10.0)
     try:

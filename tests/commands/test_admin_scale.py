@@ -106,3 +106,17 @@ def test_scaling_to_the_same_size_is_rejected(
     assert main(["admin", "scale", "exit-points", "1", "--state-dir", state, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["outcome"] == "rejected" and "nothing to change" in out["message"]
+
+
+def test_a_connection_point_a_scale_adds_is_started_as_up_started_the_others(
+    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.processes import command_line
+
+    cluster = start_cluster(matchers=1, grpc_port=0, http_port=0, log_level="WARNING")
+    state = str(cluster.state_dir)
+    assert main(["admin", "scale", "connection-points", "2", "--state-dir", state]) == 0
+    capsys.readouterr()
+    first, added = (command_line(int(str(p["pid"]))) for p in _role(state, "connection-point"))
+    for command in (first, added):  # the NGSI front and the log level, as up gave them
+        assert "--http-listen 127.0.0.1:0" in command and "--log-level WARNING" in command

@@ -1,0 +1,44 @@
+"""One way to start a process of a local cluster: the options every role gets, from the
+cluster's spec, the same for ``up``, the supervisor's restarts and ``admin scale``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from broker.cluster.local import ChildOptions, ClusterSpec
+from broker.runtime.options import Role
+
+
+def test_each_role_gets_its_own_options_from_the_spec(tmp_path: Path) -> None:
+    spec = ClusterSpec(
+        http_port=1026,
+        spark_offload=5000,
+        log_level="DEBUG",
+        notify_allow=("10.0.0.0/8",),
+        retry_window=12.0,
+        state_dir=tmp_path,
+    )
+    options = ChildOptions.of(spec)
+    assert options.arguments(Role.MATCHER, 1) == [
+        *("--log-level", "DEBUG"),
+        *("--spark-offload", "5000"),
+    ]
+    assert options.arguments(Role.EXIT_POINT, 2) == ["--log-level", "DEBUG"]
+    second = options.arguments(Role.CONNECTION_POINT, 2)
+    assert second[:4] == ["--log-level", "DEBUG", "--http-listen", "127.0.0.1:1027"]
+    assert second[second.index("--retry-window") :][:2] == ["--retry-window", "12.0"]
+    assert second[-2:] == ["--notify-allow", "10.0.0.0/8"]
+
+
+def test_any_port_stays_any_port_and_no_http_means_no_front() -> None:
+    any_port = ChildOptions(http_port=0).arguments(Role.CONNECTION_POINT, 3)
+    assert any_port[any_port.index("--http-listen") + 1] == "127.0.0.1:0"
+    assert "--http-listen" not in ChildOptions().arguments(Role.CONNECTION_POINT, 1)
+
+
+def test_options_survive_cluster_json_and_old_files_read_as_the_defaults() -> None:
+    options = ChildOptions(log_level="WARNING", http_port=0, notify_allow=("example.org",))
+    assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+    assert ChildOptions.from_dict(None) == ChildOptions()
+    assert ChildOptions.from_dict({"log_level": "ERROR", "unknown": 1}).log_level == "ERROR"
