@@ -22,6 +22,7 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 if TYPE_CHECKING:
     from broker.client import Client, Notification, SubscriptionHandle
     from broker.errors import (
+        AddressInUse,
         AlreadyExists,
         InvalidIdentifier,
         InvalidInput,
@@ -76,12 +77,14 @@ _SOURCES: dict[str, str] = {
             "NotFound",
             "AlreadyExists",
             "Unavailable",
+            "AddressInUse",
             "MissingExtra",
         )
     },
 }
 
 __all__ = [
+    "AddressInUse",
     "AlreadyExists",
     "Attribute",
     "AttrsFormat",

@@ -46,11 +46,10 @@ import grpc
 import numpy as np
 
 from broker.errors import (
-    AlreadyExists,
     InvalidInput,
-    NotFound,
     SilboError,
     Unavailable,
+    error_for,
 )
 from broker.model.identifiers import DEFAULT_SCOPE
 from broker.model.subscription import Subscription
@@ -67,18 +66,12 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
 )
-_ERRORS: dict[str, type[SilboError]] = {
-    "INVALID_ARGUMENT": InvalidInput,
-    "NOT_FOUND": NotFound,
-    "ALREADY_EXISTS": AlreadyExists,
-    "UNAVAILABLE": Unavailable,
-}
 _END = object()
 _Record = Callable[[pb.SessionAck], None]
 
 
 def _raise(error: pb.Error) -> None:
-    raise _ERRORS.get(error.code, SilboError)(error.message)
+    raise error_for(error.code, error.message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,14 @@ The tree::
     ├── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
     ├── Unavailable             the cluster cannot serve the request now: no access point,
     │                           no acknowledgement in time (UNAVAILABLE, 503); retry later
+    ├── AddressInUse            an address Silbo was told to listen on is taken, or not this
+    │                           host's (a gRPC, HTTP, metrics or ZooKeeper port)
     └── MissingExtra            a command needs an optional part not installed (silbo[spark], ...)
 
 Foreign exceptions are translated at the boundary where they enter (``raise X(...) from exc``);
-the rest of the code only ever sees these.
+the rest of the code only ever sees these. One table maps each class to its gRPC status, HTTP
+status and NGSI error (:func:`mapping_for`), and back from a status to a class
+(:func:`error_for`, for what arrives in an acknowledgement).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "AddressInUse",
     "AlreadyExists",
     "ErrorMapping",
     "InvalidIdentifier",
@@ -40,6 +45,7 @@ __all__ = [
     "SerializationError",
     "SilboError",
     "Unavailable",
+    "error_for",
     "mapping_for",
     "register_mapping",
 ]
@@ -102,6 +108,14 @@ class Unavailable(SilboError):
     """The cluster cannot serve the request now (a peer is missing or did not answer)."""
 
 
+class AddressInUse(SilboError):
+    """An address Silbo was told to listen on is taken, or not one of this host's."""
+
+    def __init__(self, message: str, *, port: int | None = None) -> None:
+        super().__init__(message)
+        self.port = port
+
+
 class MissingExtra(SilboError):
     """A command needs an optional part of Silbo that is not installed (an extra)."""
 
@@ -143,3 +157,18 @@ def mapping_for(error: BaseException) -> ErrorMapping:
         if row is not None:
             return row
     return _TABLE[SilboError]
+
+
+# What an acknowledgement's status code stands for, where it arrives (the inverse of the table).
+_BY_STATUS: dict[str, type[SilboError]] = {
+    "INVALID_ARGUMENT": InvalidInput,
+    "NOT_FOUND": NotFound,
+    "ALREADY_EXISTS": AlreadyExists,
+    "UNAVAILABLE": Unavailable,
+}
+
+
+def error_for(code: str, message: str, default: type[SilboError] = SilboError) -> SilboError:
+    """The error a gRPC status name in an acknowledgement stands for (``default`` for the
+    others): the one place a status turns back into an exception."""
+    return _BY_STATUS.get(code, default)(message)

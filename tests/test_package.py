@@ -20,6 +20,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def test_public_names_are_pinned() -> None:
     assert broker.__all__ == [
+        "AddressInUse",
         "AlreadyExists",
         "Attribute",
         "AttrsFormat",

@@ -24,8 +24,8 @@ cluster.json is first written with ``"status": "starting"`` as soon as the proce
 One cluster per state directory: :meth:`LocalCluster.start` takes ``STATE_DIR/lock`` (an
 ``flock`` held while starting, and for a foreground cluster until it stops), and refuses to
 start while any process cluster.json names is still alive (:class:`ClusterBusy`). The
-connection points' ports are checked before anything starts (:class:`PortTaken`): gRPC
-servers bind with SO_REUSEPORT, so a child would otherwise share a port another cluster's
+connection points' ports are checked before anything starts (``AddressInUse``): gRPC servers
+bind with SO_REUSEPORT, so a child would otherwise share a port another cluster's
 connection point holds rather than fail.
 
 Children never outlive their supervisor by accident: in the foreground they are started with
@@ -70,7 +70,7 @@ from broker.coordination.configuration import (
 from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, stop_detached
 from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
-from broker.errors import InvalidInput, SilboError
+from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
 from broker.runtime.options import DEFAULT_CLUSTER, Role
@@ -81,7 +81,6 @@ __all__ = [
     "ClusterSpec",
     "LocalCluster",
     "NoCluster",
-    "PortTaken",
     "live_processes",
     "read_cluster",
     "stop_cluster",
@@ -100,17 +99,6 @@ class ClusterError(SilboError):
 
 class ClusterBusy(ClusterError):
     """A cluster is already starting or running from that state directory (or that name)."""
-
-
-class PortTaken(ClusterError):
-    """A connection point's port is already in use."""
-
-    def __init__(self, port: int, detail: str = "already in use") -> None:
-        super().__init__(
-            f"port {port} ({HOST}:{port}) is {detail}; choose another with --grpc-port "
-            "(0: any free port)"
-        )
-        self.port = port
 
 
 class NoCluster(ClusterError):
@@ -331,7 +319,7 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> dict[str, Any]:
         """Start everything, wait until it serves, write cluster.json; its content.
 
-        ClusterBusy if a cluster is starting or running from the state directory, PortTaken
+        ClusterBusy if a cluster is starting or running from the state directory, AddressInUse
         if a connection point's port is taken (nothing is started then); on any failure
         (or an exception raised by a signal handler) everything started is stopped again.
         """
@@ -569,8 +557,8 @@ class LocalCluster:
                     sock.bind((HOST, port))
                 except OSError as exc:
                     if exc.errno == errno.EADDRINUSE:
-                        raise PortTaken(port) from exc
-                    raise PortTaken(port, f"not usable ({exc.strerror})") from exc
+                        raise _port_taken(port, "already in use") from exc
+                    raise _port_taken(port, f"not usable ({exc.strerror})") from exc
 
     def _start_zookeeper(self) -> None:
         data_dir = self.state_dir / "zookeeper"
@@ -1017,3 +1005,11 @@ def _rewrite(state_dir: Path, description: dict[str, Any]) -> None:
     tmp.write_text(json.dumps(description, indent=2) + "\n")
     tmp.replace(path)
     write_layout(state_dir, layout_of(description.get("processes") or []))
+
+
+def _port_taken(port: int, detail: str) -> AddressInUse:
+    return AddressInUse(
+        f"port {port} ({HOST}:{port}) is {detail}; choose another with --grpc-port "
+        "(0: any free port)",
+        port=port,
+    )

@@ -53,7 +53,6 @@ from broker.cluster.local import (
     ClusterBusy,
     ClusterSpec,
     LocalCluster,
-    PortTaken,
     read_cluster,
 )
 from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
@@ -66,11 +65,10 @@ from broker.commands.run import (
 from broker.coordination.configuration import DEFAULT_REPLICAS
 from broker.coordination.errors import (
     JavaNotFound,
-    PortInUse,
     ZooKeeperJarsNotFound,
     ZooKeeperUnavailable,
 )
-from broker.errors import InvalidInput, SilboError
+from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER
 
 __all__ = ["HELP", "configure", "main", "run"]
@@ -80,8 +78,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _USER_ERRORS: tuple[type[SilboError], ...] = (
     InvalidInput,
     ClusterBusy,
-    PortTaken,
-    PortInUse,
+    AddressInUse,
     JavaNotFound,
     ZooKeeperJarsNotFound,
     ZooKeeperUnavailable,

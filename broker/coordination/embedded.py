@@ -11,7 +11,7 @@ Finding the pieces:
 
 Starting: a ``zoo.cfg`` is written into the data directory (a fresh temporary one unless one
 is given) binding ``127.0.0.1:<port>`` (a free port unless one is given; a taken one is
-:class:`PortInUse`), with the admin HTTP server off and the four-letter words allowed.
+``AddressInUse``), with the admin HTTP server off and the four-letter words allowed.
 The JVM is kept small (``-Xmx256m``, serial GC) and all its output goes to
 ``<data dir>/zookeeper.log``, never to the caller's terminal. :meth:`EmbeddedZooKeeper.start`
 returns once the server answers the ``srvr`` four-letter word as serving, or raises
@@ -53,10 +53,10 @@ from types import TracebackType
 from broker.coordination.errors import (
     EmbeddedServerError,
     JavaNotFound,
-    PortInUse,
     ServerStartTimeout,
     ZooKeeperJarsNotFound,
 )
+from broker.errors import AddressInUse
 from broker.processes import command_line, running
 
 __all__ = [
@@ -265,7 +265,7 @@ class EmbeddedZooKeeper:
                     self._spawn(java, classpath)
                     self._await_serving(began + self._startup_timeout)
                     break
-                except PortInUse:
+                except AddressInUse:
                     # A free port picked by the OS was taken before the JVM bound it.
                     self._kill()
                     if attempt + 1 >= _PORT_ATTEMPTS or self._requested_port is not None:
@@ -340,7 +340,7 @@ class EmbeddedZooKeeper:
                 sock.bind((HOST, self._requested_port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise PortInUse(self._requested_port) from exc
+                    raise _port_in_use(self._requested_port) from exc
                 raise EmbeddedServerError(f"cannot use port {self._requested_port}: {exc}") from exc
         return self._requested_port
 
@@ -400,7 +400,7 @@ class EmbeddedZooKeeper:
             if code is not None:
                 tail = self.log_tail()
                 if "Address already in use" in tail:
-                    raise PortInUse(self.port)
+                    raise _port_in_use(self.port)
                 raise ServerStartTimeout(
                     f"the ZooKeeper server exited with status {code} while starting "
                     f"(log: {self.log_path})",
@@ -505,3 +505,9 @@ _RUNNING: dict[int, EmbeddedZooKeeper] = {}
 def _stop_all() -> None:
     for server in list(_RUNNING.values()):
         server.stop()
+
+
+def _port_in_use(port: int) -> AddressInUse:
+    return AddressInUse(
+        f"port {port} is already in use; choose another or let Silbo pick one", port=port
+    )

@@ -13,7 +13,6 @@ The tree (under :class:`broker.errors.SilboError`)::
         └── EmbeddedServerError      the embedded ZooKeeper server cannot be started
             ├── JavaNotFound         no ``java`` executable
             ├── ZooKeeperJarsNotFound  no ZooKeeper server classes
-            ├── PortInUse            the client port is taken
             └── ServerStartTimeout   it exited or did not answer in time (has the log tail)
 
 Kazoo's exceptions enter only through :func:`translated`, which maps them here
@@ -43,7 +42,6 @@ __all__ = [
     "EmbeddedServerError",
     "InvalidConfiguration",
     "JavaNotFound",
-    "PortInUse",
     "ServerStartTimeout",
     "ZooKeeperJarsNotFound",
     "ZooKeeperUnavailable",
@@ -84,14 +82,6 @@ class JavaNotFound(EmbeddedServerError):
 
 class ZooKeeperJarsNotFound(EmbeddedServerError):
     """No directory holding the ZooKeeper server classes was found."""
-
-
-class PortInUse(EmbeddedServerError):
-    """The client port asked for is already taken."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__(f"port {port} is already in use; choose another or let Silbo pick one")
-        self.port = port
 
 
 class ServerStartTimeout(EmbeddedServerError):

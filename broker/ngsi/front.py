@@ -31,7 +31,7 @@ from aiohttp import web
 
 from broker.addresses import parse_address
 from broker.coordination.http_subscriptions import Registry, Stored, heir
-from broker.errors import NotFound, SilboError, Unavailable
+from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
 from broker.ngsi.cache import DEFAULT_LIMIT, LastValues, Outcome
 from broker.ngsi.change import with_change
@@ -128,10 +128,6 @@ class FrontOptions:
     count: Callable[[str, int], None] | None = None  # told notifications' outcomes (metrics)
 
 
-class AddressTaken(SilboError):
-    """The HTTP front's address is in use or not this host's."""
-
-
 class NgsiFront:
     """The HTTP front (see the module doc)."""
 
@@ -165,7 +161,7 @@ class NgsiFront:
 
     async def start(self, add_routes: AddRoutes) -> str:
         """Serve HTTP with the routes ``add_routes`` adds (broker.ngsi.routes.add_routes: the
-        routes import this module, never the other way); the address bound (AddressTaken if
+        routes import this module, never the other way); the address bound (AddressInUse if
         it cannot). The front joins the other fronts (ZooKeeper) between binding and serving:
         a request it answers can always keep a subscription."""
         host, port = parse_address(self.options.listen, "--http-listen")
@@ -530,14 +526,14 @@ class NgsiFront:
 
 
 def _bind(host: str, port: int, listen: str) -> socket.socket:
-    """A listening socket on ``host:port`` (not shared: a taken port is AddressTaken)."""
+    """A listening socket on ``host:port`` (not shared: a taken port is AddressInUse)."""
     try:
         family, kind, proto, _name, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         sock = socket.socket(family, kind, proto)
     except OSError as exc:
-        raise AddressTaken(f"cannot serve HTTP on {listen}: {exc.strerror or exc}") from exc
+        raise AddressInUse(f"cannot serve HTTP on {listen}: {exc.strerror or exc}") from exc
     try:
         # Rebinding at once after a stop, while its connections sit in TIME_WAIT; two live
         # listeners still cannot share the port (that would take SO_REUSEPORT).
@@ -546,7 +542,7 @@ def _bind(host: str, port: int, listen: str) -> socket.socket:
         sock.listen(1024)
     except OSError as exc:
         sock.close()
-        raise AddressTaken(
+        raise AddressInUse(
             f"cannot serve HTTP on {listen}: {exc.strerror or exc} (pick another with "
             "--http-listen HOST:PORT, or port 0 for any)"
         ) from exc

@@ -47,13 +47,13 @@ from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
 from broker.coordination.scale import report as scale_report
 from broker.errors import (
-    AlreadyExists,
     InvalidInput,
     InvalidUpdate,
     NotFound,
     SerializationError,
     SilboError,
     Unavailable,
+    error_for,
     mapping_for,
 )
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
@@ -867,12 +867,6 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
 
 # -- the NGSI v2 HTTP front's view of its connection point (broker.ngsi.BrokerPort) ---------
 
-_ACK_ERRORS: dict[str, type[SilboError]] = {
-    "INVALID_ARGUMENT": InvalidInput,
-    "NOT_FOUND": NotFound,
-    "ALREADY_EXISTS": AlreadyExists,
-}
-
 
 class _FrontPort:
     """What the HTTP front uses of its connection point: publishing like a gRPC publisher,
@@ -946,4 +940,4 @@ class _FrontPort:
 
 def _raise_for(ack: pb.SessionAck) -> None:
     if ack.HasField("error") and ack.error.code:
-        raise _ACK_ERRORS.get(ack.error.code, Unavailable)(ack.error.message)
+        raise error_for(ack.error.code, ack.error.message, Unavailable)

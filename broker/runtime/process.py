@@ -37,7 +37,7 @@ from kazoo.recipe.watchers import DataWatch
 from broker.coordination.client import ConnectionStateWatcher, connect
 from broker.coordination.membership import Member, Membership, MembershipState
 from broker.coordination.repair import Repairer
-from broker.errors import SilboError
+from broker.errors import AddressInUse
 from broker.runtime.link import SERVER_OPTIONS
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.options import ProcessOptions, parse_address
@@ -47,10 +47,6 @@ from broker.wire import internal_pb2_grpc as wire_grpc
 __all__ = ["AddressInUse", "ProcessContext", "RoleService", "run_process", "serve"]
 
 _log = logging.getLogger(__name__)
-
-
-class AddressInUse(SilboError):
-    """The address a process was told to listen on is taken (or not ours to bind)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from broker.cluster.local import (
     ClusterSpec,
     LocalCluster,
     NoCluster,
-    PortTaken,
     live_processes,
     read_cluster,
     stop_cluster,
@@ -31,7 +30,7 @@ from broker.cluster.local import (
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.embedded import EmbeddedZooKeeper
-from broker.errors import InvalidInput
+from broker.errors import AddressInUse, InvalidInput
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow
@@ -156,7 +155,7 @@ def test_a_taken_port_is_found_before_anything_starts(tmp_path: Path) -> None:
         port = holder.getsockname()[1]
         cluster = LocalCluster(ClusterSpec(grpc_port=port, state_dir=tmp_path / "state"))
         with pytest.raises(
-            PortTaken, match=f"port {port} \\(127.0.0.1:{port}\\) is already in use"
+            AddressInUse, match=f"port {port} \\(127.0.0.1:{port}\\) is already in use"
         ):
             cluster.start()
     assert not (tmp_path / "state" / "zookeeper").exists()

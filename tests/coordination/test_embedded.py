@@ -19,10 +19,10 @@ from broker.coordination.embedded import (
 from broker.coordination.errors import (
     EmbeddedServerError,
     JavaNotFound,
-    PortInUse,
     ServerStartTimeout,
     ZooKeeperJarsNotFound,
 )
+from broker.errors import AddressInUse
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow
@@ -70,14 +70,14 @@ def test_a_given_data_dir_is_kept_and_holds_the_log(tmp_path: Path) -> None:
 
 
 def test_a_port_in_use_is_a_typed_error(zookeeper: EmbeddedZooKeeper) -> None:
-    with pytest.raises(PortInUse) as caught:
+    with pytest.raises(AddressInUse) as caught:
         EmbeddedZooKeeper(port=zookeeper.port).start()
     assert caught.value.port == zookeeper.port
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        with pytest.raises(PortInUse, match=str(port)):
+        with pytest.raises(AddressInUse, match=str(port)):
             EmbeddedZooKeeper(port=port).start()
 
 
