@@ -310,13 +310,18 @@ def report(
 
 
 def reports(
-    client: KazooClient, stage: str, *, timeout: float | None = None
+    client: KazooClient,
+    stage: str,
+    *,
+    timeout: float | None = None,
+    watch: Callable[[Any], None] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """The reports of a stage so far, by participant."""
+    """The reports of a stage so far, by participant; ``watch`` (a kazoo watcher) is told
+    once when the reports change after this read."""
     found: dict[str, dict[str, float]] = {}
     with translated(f"read the {stage} reports"):
         try:
-            names = _wait(client.get_children_async(f"{SCALE}/{stage}"), timeout)
+            names = _wait(client.get_children_async(f"{SCALE}/{stage}", watch=watch), timeout)
         except NoNodeError:
             return found
         for name in names:

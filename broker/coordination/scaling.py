@@ -76,7 +76,7 @@ from broker.errors import SilboError
 
 __all__ = ["LAYERS", "ScaleOutcome", "scale_layer", "scale_matchers", "serving"]
 
-POLL = 0.02  # seconds between two looks at the reports
+WATCH_FALLBACK = 1.0  # seconds between two looks at the reports when no watch fires
 CALL_TIMEOUT = 5.0  # seconds one ZooKeeper call may take (the connection may be down)
 END_GRACE = 10.0  # seconds past the deadline to learn the switch's fate or remove the plan
 
@@ -248,7 +248,8 @@ class _Scale:
         self.session = _Session(client)
         self.switched = False
         self.told_lost = False  # a message already says the session ended
-        self.unreachable = ""  # the last ZooKeeper failure while polling
+        self.unreachable = ""  # the last ZooKeeper failure while waiting
+        self._changed = threading.Event()  # a watched report or membership changed
 
     def run(self) -> ScaleOutcome:
         """Publish the plan, drive it to its end, remove it; the outcome."""
@@ -350,6 +351,7 @@ class _Scale:
         while True:
             if not self.session.alive:
                 return _Waited(lost=True)
+            self._changed.clear()  # the reads below watch what they read
             found = self._reports(stage)
             live = self._live(role) if found is not None else None
             if found is not None and live is not None:
@@ -363,14 +365,18 @@ class _Scale:
             if time.monotonic() > self.deadline:
                 known = found or {}
                 return _Waited(known, late=sorted(wanted - set(known)))
-            time.sleep(POLL)
+            self._changed.wait(min(WATCH_FALLBACK, max(0.0, self.deadline - time.monotonic())))
+
+    def _on_change(self, _event: object) -> None:
+        """A kazoo watcher (on the reports and the members read): look again now."""
+        self._changed.set()
 
     def _reports(self, stage: str) -> dict[str, dict[str, float]] | None:
         """The reports of ``stage`` so far; None while ZooKeeper does not answer."""
         if not self.client.connected:
             return None  # a call now would wait for the connection: ask again later
         try:
-            return reports(self.client, stage, timeout=self._call_timeout())
+            return reports(self.client, stage, timeout=self._call_timeout(), watch=self._on_change)
         except ZooKeeperUnavailable as exc:
             self.unreachable = str(exc)
             return None
@@ -382,7 +388,9 @@ class _Scale:
         try:
             with translated(f"list the {role}s"):
                 try:
-                    children = self.client.get_children_async(f"{MEMBERS}/{role}")
+                    children = self.client.get_children_async(
+                        f"{MEMBERS}/{role}", watch=self._on_change
+                    )
                     return set(children.get(timeout=self._call_timeout()))
                 except NoNodeError:
                     return set()

@@ -45,6 +45,7 @@ lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -54,10 +55,12 @@ from typing import Any
 import grpc
 import numpy as np
 import numpy.typing as npt
+from kazoo.exceptions import KazooException
 
-from broker.coordination.membership import members
+from broker.coordination.membership import MEMBERS
 from broker.coordination.scale import read_plan, reports
 from broker.coordination.scale import report as scale_report
+from broker.errors import SilboError
 from broker.runtime.handles import connection_points_of
 from broker.runtime.link import Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
@@ -70,7 +73,7 @@ __all__ = ["ExitPoint"]
 
 _log = logging.getLogger(__name__)
 
-DRAIN_POLL = 0.01  # seconds between looks at the drained reports while holding a new epoch
+DRAIN_FALLBACK = 1.0  # seconds between looks at the drained reports when no watch fires
 LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
 STRAGGLER_GRACE = 1.0  # seconds a batch waits for a matcher its replicas can stand in for
 ORIGIN_WAIT = 10.0  # seconds to wait for a link to a connection point to report completions
@@ -361,17 +364,34 @@ class ExitPoint(wire_grpc.ExitPointServicer):
     async def _await_drained(self, epoch: int, previous: tuple[str, ...]) -> None:
         """Wait until the exit points of the epoch before ``epoch`` drained (or died, or the
         scale is over), then let ``epoch``'s batches go out."""
-        zk = self._ctx().zk
+        ctx = self._ctx()
+        zk, loop = ctx.zk, ctx.loop
+        changed = asyncio.Event()
+
+        def watcher(_event: object) -> None:  # kazoo's thread
+            loop.call_soon_threadsafe(changed.set)
 
         def drained() -> bool:
             plan = read_plan(zk)
             if plan is None or plan.new.epoch != epoch:
                 return True
-            live = {m.name for m in members(zk, "exit-point")}
-            return set(previous) & live <= set(reports(zk, "drained"))
+            live = set(zk.get_children(f"{MEMBERS}/exit-point", watch=watcher))
+            return set(previous) & live <= set(reports(zk, "drained", watch=watcher))
 
-        while not await asyncio.to_thread(drained):
-            await asyncio.sleep(DRAIN_POLL)
+        assert self._scale is not None
+        self._scale.on_change(changed.set)  # the plan ended
+        try:
+            while True:
+                changed.clear()  # the reads watch what they read
+                try:
+                    if await asyncio.to_thread(drained):
+                        break
+                except (SilboError, KazooException) as exc:  # ZooKeeper away: look again
+                    _log.warning("epoch %d: the drained reports could not be read: %s", epoch, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), DRAIN_FALLBACK)
+        finally:
+            self._scale.off_change(changed.set)
         _log.info("epoch %d: the previous exit points drained; delivering", epoch)
         self._cleared.add(epoch)
         self._clearing.discard(epoch)

@@ -37,6 +37,10 @@ class _Watched:
         """Call ``listener()`` in the loop after every change."""
         self._listeners.append(listener)
 
+    def off_change(self, listener: Callable[[], None]) -> None:
+        """Stop calling ``listener`` (given to :meth:`on_change`)."""
+        self._listeners.remove(listener)
+
     async def wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``condition()`` holds; False if ``timeout`` seconds pass first."""
         deadline = self._loop.time() + timeout
@@ -53,7 +57,7 @@ class _Watched:
 
     def _notify(self) -> None:
         self._changed.set()
-        for listener in self._listeners:
+        for listener in list(self._listeners):
             listener()
 
 
