@@ -11,6 +11,18 @@ Each access point holds one ``Matcher.Match`` stream to it, on which, in order:
   handles, not ids) and, for all of them, the watermark ``last_seq``. An exit point that
   gathers none of the batch's updates still gets the (empty) partial, which is how it knows
   this matcher has nothing for them.
+
+A matcher scale is followed by a :class:`broker.roles.participant.Participant` (its phases
+and their order are that module's doc); the snapshot protocol itself is docs/protocol.md.
+
+Locking (the one lock, ``_lock``, an asyncio lock; there is no other): it is held while a
+batch of updates is matched and its partials queued, while an in-band marker is handled,
+while a received chunk is added (a piece of ``LOAD_PIECE`` subscriptions per hold) and when
+the last part is sent. Subscriptions and unsubscriptions change the engine without it: they
+do not await, so the event loop runs them whole between two holds. Parts are packed and
+sent *without* it (two matchers sending each other parts would otherwise wait for each
+other), and nothing awaits another process while holding it except the sends of partials
+and markers, whose queues the exit points drain on their own.
 """
 
 from __future__ import annotations
@@ -20,7 +32,6 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -37,6 +48,7 @@ from broker.model.update import ContextUpdate
 from broker.partition.parts import TrustedPart, pack_part_pieces
 from broker.partition.selector import id_hashes
 from broker.roles.matcher_dump import owned_parts
+from broker.roles.participant import Participant, Phase
 from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
@@ -64,23 +76,6 @@ _SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a mat
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 
 
-@dataclass(eq=False)
-class _Scaling:
-    """This matcher's part in a running scale."""
-
-    plan: ScalePlan
-    started_from: set[str] = field(default_factory=set)  # access points whose marker came
-    switched_from: set[str] = field(default_factory=set)
-    parts_from: set[str] = field(default_factory=set)  # old matchers whose part came
-    split: bool = False
-    sent: bool = False  # its own parts are with their owners
-    ready: bool = False
-    moved_out: list[str] = field(default_factory=list)
-    received_from: dict[str, int] = field(default_factory=dict)  # old matcher -> taken in
-    received: int = 0
-    received_bytes: int = 0
-
-
 def _grown(array: npt.NDArray[Any], size: int, fill: object) -> npt.NDArray[Any]:
     grown = np.full(size, fill, dtype=array.dtype)
     grown[: len(array)] = array
@@ -99,7 +94,7 @@ class Matcher(wire_grpc.MatcherServicer):
         # During a scale, by slot: does the subscription count for the old / the new epoch?
         self._in_old: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
         self._in_new: npt.NDArray[np.bool_] = np.ones(1024, dtype=bool)
-        self._scaling: _Scaling | None = None
+        self._scaling: Participant | None = None
         # After a scale: the ids that moved away and are still held (masked out of results
         # by _in_new until a slice of _drain removes them)
         self._draining: list[str] = []
@@ -436,7 +431,7 @@ class Matcher(wire_grpc.MatcherServicer):
                 sorted(scaling.started_from),
                 sorted(self._access_point_names()),
             )
-            if not scaling.split and scaling.started_from >= self._access_point_names():
+            if not scaling.cut and scaling.started_from >= self._access_point_names():
                 await self._split(scaling)
         elif kind == "switch":
             marker.switch.access_point = access_point
@@ -465,14 +460,14 @@ class Matcher(wire_grpc.MatcherServicer):
             if link is not None:
                 await link.send(payload)
 
-    def _scaling_for(self, plan: ScalePlan) -> _Scaling:
+    def _scaling_for(self, plan: ScalePlan) -> Participant:
         previous = self._scaling
         if previous is None or previous.plan.id != plan.id:
             if previous is not None:  # its end has not reached this matcher's view yet
                 self._settle(previous, completed=plan.old.epoch >= previous.plan.new.epoch)
             self._drop_moved(self._draining)  # the new plan starts from a clean engine
             self._draining = []
-            scaling = self._scaling = _Scaling(plan)
+            scaling = self._scaling = Participant(plan)
             pending, self._pending_parts = self._pending_parts, []
             for part in pending:
                 if part.plan == plan.id:
@@ -484,7 +479,7 @@ class Matcher(wire_grpc.MatcherServicer):
         assert self._access_points is not None
         return set(self._access_points.by_name)
 
-    async def _split(self, scaling: _Scaling) -> None:
+    async def _split(self, scaling: Participant) -> None:
         """Every access point's start marker is in (the cut): send what moves to its owners.
 
         With replicas each subscription has a preference list per epoch. Its first holder in
@@ -494,7 +489,7 @@ class Matcher(wire_grpc.MatcherServicer):
         updates goes on undisturbed.
         """
         ctx = self._ctx()
-        scaling.split = True
+        scaling.advance(Phase.CUT)
         plan = scaling.plan
         if ctx.name not in plan.old.matchers:
             await self._check_ready(scaling)
@@ -555,7 +550,7 @@ class Matcher(wire_grpc.MatcherServicer):
         ]
 
     async def _send_parts(
-        self, scaling: _Scaling, leaving: list[Subscription], owners: list[str]
+        self, scaling: Participant, leaving: list[Subscription], owners: list[str]
     ) -> None:
         """Pack what leaves (``owners``: the new owner of each) a piece at a time, matching in
         between, and send each new owner its part (an empty one if nothing goes to it), all
@@ -579,7 +574,7 @@ class Matcher(wire_grpc.MatcherServicer):
             _log.exception("sending the parts of scale %s failed", scaling.plan.id)
             return  # never ready: the coordinator rolls the scale back
         async with self._lock:
-            scaling.sent = True
+            scaling.advance(Phase.SENT)
             await self._check_ready(scaling)
 
     async def _send_part(self, plan: ScalePlan, owner: str, group: list[Subscription]) -> None:
@@ -698,7 +693,7 @@ class Matcher(wire_grpc.MatcherServicer):
         if scaling.parts_from >= set(scaling.plan.old.matchers) - {self._ctx().name}:
             self._schedule_compaction()  # once, after the last part: each would rebuild it all
 
-    async def _check_ready(self, scaling: _Scaling) -> None:
+    async def _check_ready(self, scaling: Participant) -> None:
         ctx = self._ctx()
         plan = scaling.plan
         if scaling.ready or ctx.name not in plan.new.matchers:
@@ -712,7 +707,7 @@ class Matcher(wire_grpc.MatcherServicer):
             return  # never ready: the coordinator rolls the scale back
         if ctx.name not in plan.old.matchers:
             await self._compile_received()
-        scaling.ready = True
+        scaling.advance(Phase.READY)
         _log.info("scale %s: ready", plan.id)
         body = {"moved": scaling.received, "bytes": scaling.received_bytes}
         await self._report("ready", body)
@@ -727,7 +722,7 @@ class Matcher(wire_grpc.MatcherServicer):
         while time.perf_counter() < deadline and next(steps, None) is not None:
             await asyncio.sleep(0)
 
-    async def _finish(self, scaling: _Scaling) -> None:
+    async def _finish(self, scaling: Participant) -> None:
         """Every access point switched: drop what moved away, count everything again."""
         self._settle(scaling, completed=True)
         await self._report("done", {"moved": len(scaling.moved_out)})
@@ -764,7 +759,7 @@ class Matcher(wire_grpc.MatcherServicer):
             return  # an old matcher finishes on the access points' switch markers
         self._settle(scaling, completed=False)
 
-    def _settle(self, scaling: _Scaling, *, completed: bool) -> None:
+    def _settle(self, scaling: Participant, *, completed: bool) -> None:
         """Leave a scale that ended: completed (what moved away goes, everything counts for
         every epoch) or rolled back (what was received goes; parts still on their way are
         stopped, so none reaches a receiver that has rolled back already)."""
