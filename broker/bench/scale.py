@@ -88,8 +88,8 @@ from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.configuration import DEFAULT_REPLICAS, ClusterConfiguration
+from broker.coordination.coordinator import ScaleOutcome, scale_matchers
 from broker.coordination.membership import members
-from broker.coordination.scaling import ScaleOutcome, scale_matchers
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
 from broker.runtime.options import Role

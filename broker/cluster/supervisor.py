@@ -48,9 +48,9 @@ from broker.cluster.local import (
 )
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.coordinator import scale_layer, serving
 from broker.coordination.membership import members
 from broker.coordination.repair import declare_dead, repair_once
-from broker.coordination.scaling import scale_layer, serving
 from broker.errors import SilboError
 from broker.runtime.options import Role
 

@@ -31,12 +31,12 @@ from broker.coordination.configuration import (
     ClusterConfiguration,
     Configuration,
 )
+from broker.coordination.coordinator import LAYERS as SCALABLE
+from broker.coordination.coordinator import ScaleOutcome, scale_layer, serving
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
 from broker.coordination.repair import repair_once
 from broker.coordination.scale import read_state
-from broker.coordination.scaling import LAYERS as SCALABLE
-from broker.coordination.scaling import ScaleOutcome, scale_layer, serving
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 from broker.wire import internal_pb2 as wire

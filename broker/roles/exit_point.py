@@ -116,6 +116,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._next: dict[str, int] = {}  # access point -> the first_seq to release next
         self._lock = asyncio.Lock()
         self._access_points: Peers | None = None
+        self._matchers: Peers | None = None
         self._scale: ScaleView | None = None
         self._ended: dict[str, dict[str, int]] = {}  # access point -> matcher -> new epoch
         self._fences: dict[tuple[int, int], _Fence] = {}
@@ -139,12 +140,20 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._config.on_change(self._follow_failures)
         self._config.on_change(self._release_all)
         self._access_points = Peers(context.zk, "access-point", context.loop)
+        self._matchers = Peers(context.zk, "matcher", context.loop)
+        self._matchers.on_change(self._check_drained)  # a dead one is not waited for
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._check_drained)
         self._sync_links()
 
     async def stop(self) -> None:
-        for watched in (self._config, self._connection_points, self._access_points, self._scale):
+        for watched in (
+            self._config,
+            self._connection_points,
+            self._access_points,
+            self._matchers,
+            self._scale,
+        ):
             if watched is not None:
                 watched.stop()
         await asyncio.gather(*(link.close() for link in self._links.values()))
@@ -399,7 +408,9 @@ class ExitPoint(wire_grpc.ExitPointServicer):
 
     def _check_drained(self) -> None:
         """Report drained once this exit point delivered all of the old epoch of an
-        exit-point scale (every access point's switch came through every matcher)."""
+        exit-point scale (every access point's switch came through every live matcher: one
+        whose registration is gone, hung past its session or dead, sends nothing more, and
+        waiting for it would hold the scale, and the repair behind it, to its timeout)."""
         plan = self._scale.plan if self._scale else None
         ctx = self._ctx()
         if plan is None or plan.layer != "exit-points" or plan.id in self._drained:
@@ -408,9 +419,11 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             return
         epoch = plan.new.epoch
         assert self._access_points is not None
+        assert self._matchers is not None
+        live = set(self._matchers.by_name) - self._failed
         for access_point in self._access_points.by_name:
             ended = self._ended.get(access_point, {})
-            if any(ended.get(m, 0) < epoch for m in plan.old.matchers):
+            if any(ended.get(m, 0) < epoch for m in plan.old.matchers if m in live):
                 return
         if any(p.epoch < epoch for line in self._pending.values() for p in line.values()):
             return

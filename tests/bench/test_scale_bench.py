@@ -16,8 +16,8 @@ import pytest
 
 from broker.bench.scale import ScaleRecord
 from broker.cli import main
+from broker.coordination.coordinator import ScaleOutcome
 from broker.coordination.embedded import EmbeddedZooKeeper
-from broker.coordination.scaling import ScaleOutcome
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow

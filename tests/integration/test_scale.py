@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
-from broker.coordination.scaling import scale_matchers
+from broker.coordination.coordinator import scale_matchers
 from broker.roles.matcher import TRANSFER_CHUNK
 from broker.runtime.options import Role
 from integration.conftest import (

@@ -44,8 +44,8 @@ from broker.client import Client
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.coordinator import LOST_BEFORE, ScaleOutcome, scale_matchers
 from broker.coordination.scale import ScalePlan, read_state, reports
-from broker.coordination.scaling import LOST_BEFORE, ScaleOutcome, scale_matchers
 from broker.runtime.options import Role
 from integration.conftest import (
     Recorder,

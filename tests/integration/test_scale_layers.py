@@ -18,7 +18,7 @@ from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
-from broker.coordination.scaling import ScaleOutcome, scale_layer
+from broker.coordination.coordinator import ScaleOutcome, scale_layer
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
 from broker.runtime.options import Role

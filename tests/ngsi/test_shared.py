@@ -22,9 +22,9 @@ from kazoo.exceptions import NoNodeError
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.client import connect
+from broker.coordination.coordinator import scale_layer
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.coordination.http_subscriptions import FRONTS, OWNERS, STATUS, SUBSCRIPTIONS
-from broker.coordination.scaling import scale_layer
 from broker.runtime.options import Role
 from ngsi.conftest import Front, Receiver, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until

@@ -18,6 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.coordinator import LOST_AFTER, LOST_BEFORE, ScaleOutcome, scale_matchers
 from broker.coordination.membership import Membership
 from broker.coordination.scale import (
     OWNER,
@@ -28,7 +29,6 @@ from broker.coordination.scale import (
     read_state,
     report,
 )
-from broker.coordination.scaling import LOST_AFTER, LOST_BEFORE, ScaleOutcome, scale_matchers
 from broker.runtime.peers import ScaleView
 
 Expire = Callable[[KazooClient], None]

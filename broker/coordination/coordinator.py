@@ -144,7 +144,7 @@ def scale_layer(
         return ScaleOutcome("rejected", _since(started), 0, 0, 0.0, 0, f"not begun: {exc}")
     if isinstance(prepared, ScaleOutcome):
         return prepared
-    return _Scale(client, *prepared, started=started, deadline=started + timeout).run()
+    return _Coordinator(client, *prepared, started=started, deadline=started + timeout).run()
 
 
 def _prepare(
@@ -226,7 +226,7 @@ class _Waited:
     lost: bool = False
 
 
-class _Scale:
+class _Coordinator:
     """One scale from publishing its plan to removing it (the module doc has the steps)."""
 
     def __init__(
