@@ -141,6 +141,7 @@ class _Run:
         ]
         self.pool = iot_updates(5_000, args.seed + 1)
         self.sent: list[ContextUpdate] = []  # sequence i + 1
+        self.sent_at: list[float] = []  # when each was first sent, from the start
         self.acked = 0
         self.refusals = 0
         self.arrivals: list[tuple[str, int, float]] = []  # (subscription, sequence, time)
@@ -275,6 +276,7 @@ class _Run:
         return dataclasses.replace(update, attributes=attributes)
 
     def _send(self, client: Client, batch: list[ContextUpdate]) -> None:
+        first_sent = time.monotonic() - self.started
         request = pb.PublishRequest(
             publisher="chaos",
             first_sequence=len(self.sent) + 1,
@@ -288,6 +290,7 @@ class _Run:
                 self.refusals += 1
                 time.sleep(0.1)
         self.sent.extend(batch)
+        self.sent_at.extend([first_sent] * len(batch))
 
     def _on_batch(self, batch: pb.NotificationBatch, handles: dict[int, str]) -> None:
         now = time.monotonic() - self.started
@@ -296,6 +299,14 @@ class _Run:
         with self.lock:
             for i, handle in zip(index, column, strict=True):
                 self.arrivals.append((handles.get(handle, "?"), batch.sequences[i], now))
+
+    def _by_second(self, lost: Counter[tuple[str, int]]) -> dict[int, int]:
+        """How many of ``lost`` were published in each second of the run."""
+        found: Counter[int] = Counter()
+        for (_subscription, sequence), count in lost.items():
+            if 0 < sequence <= len(self.sent_at):
+                found[int(self.sent_at[sequence - 1])] += count
+        return dict(sorted(found.items()))
 
     def _wait_end(self) -> None:
         deadline = time.monotonic() + 120
@@ -435,6 +446,7 @@ class _Run:
                     http_expected[subscription_id, sequence] += 1
         http_got = self.receiver.received()
         http_extra = http_got - http_expected
+        http_lost = http_expected - http_got
         http_duplicated = sum(n - 1 for k, n in http_got.items() if n > 1 and k in http_expected)
         seconds = int(max((t for _s, _q, t in self.arrivals), default=0.0)) + 1
         per_second = np.bincount(
@@ -449,11 +461,14 @@ class _Run:
             "lost": lost.total(),
             "duplicated": duplicated,
             "unexpected": extra.total() - duplicated,
+            # when the updates whose notifications were lost had been published (second: count)
+            "lost_by_second": self._by_second(lost),
             "http": {
                 "subscriptions": len(self.http_patterns),
                 "expected": http_expected.total(),
                 "delivered": http_got.total(),
-                "lost": (http_expected - http_got).total(),
+                "lost": http_lost.total(),
+                "lost_by_second": self._by_second(http_lost),
                 "duplicated": http_duplicated,
                 "unexpected": http_extra.total() - http_duplicated,
             },
@@ -464,6 +479,13 @@ class _Run:
 
 
 def _print(summary: dict[str, Any]) -> None:
+    for what, by_second in (
+        ("gRPC", summary["lost_by_second"]),
+        ("HTTP", summary["http"]["lost_by_second"]),
+    ):
+        if by_second:
+            worst = sorted(by_second.items(), key=lambda kv: -kv[1])[:5]
+            print(f"{what} losses by publish second (worst): {worst}")
     for key in ("published", "acknowledged", "refused", "expected", "delivered", "lost"):
         print(f"{key:>13}: {summary[key]:,}")
     print(f"{'duplicated':>13}: {summary['duplicated']:,}")
