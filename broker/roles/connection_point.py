@@ -692,6 +692,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             if old is not None:
                 await self._fence(old)
             self._link = self._link_to(target)
+            if old is not None and old.state is not LinkState.OPEN and len(self._outbox):
+                # the old access point died during the move: what it had is sent again, first
+                for payload in self._outbox.unfinished():
+                    await self._link.send(payload)
             if old is not None:
                 self._spawn(old.close())
             _log.info("moved to access point %s", target.name)
