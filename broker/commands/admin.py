@@ -39,6 +39,7 @@ from broker.coordination.repair import repair_once
 from broker.coordination.scale import read_state
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER, Role
+from broker.runtime.token import call_metadata
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
@@ -286,7 +287,9 @@ def _ask(member: Member) -> wire.ProcessStatus | None:
     try:
         with grpc.insecure_channel(member.address) as channel:
             stub = wire_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
-            status: wire.ProcessStatus = stub.Status(wire.StatusRequest(), timeout=2.0)
+            status: wire.ProcessStatus = stub.Status(
+                wire.StatusRequest(), timeout=2.0, metadata=call_metadata()
+            )
             return status
     except grpc.RpcError:
         return None

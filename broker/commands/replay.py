@@ -47,6 +47,7 @@ from broker.ngsi.subscriptions import HttpSubscription, parse_document
 from broker.partition.parts import unpack_part
 from broker.partition.selector import RendezvousSelector
 from broker.runtime.link import CHANNEL_OPTIONS
+from broker.runtime.token import call_metadata
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.convert import subscription_from_spec
@@ -205,7 +206,9 @@ def _matcher_subscriptions(name: str, address: str, epoch: int) -> list[Subscrip
     try:
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.MatcherStub(channel)  # type: ignore[no-untyped-call]
-            parts: Iterator[wire.Part] = stub.Subscriptions(wire.Empty(), timeout=120.0)
+            parts: Iterator[wire.Part] = stub.Subscriptions(
+                wire.Empty(), timeout=120.0, metadata=call_metadata()
+            )
             for part in parts:
                 if part.epoch != epoch:
                     raise ReplayFailed(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ from broker.roles.exit_point import ExitPoint
 from broker.roles.matcher import Matcher
 from broker.runtime.options import DEFAULT_CLUSTER, ProcessOptions, Role
 from broker.runtime.process import RoleService, run_process
+from broker.runtime.token import TOKEN_ENV
 
 __all__ = ["ROLES", "configure", "run"]
 
@@ -42,6 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo run``."""
     parser.add_argument("role", choices=[r.value for r in Role], help="the layer to run")
     parser.add_argument("--zk", required=True, help="ZooKeeper: HOST:PORT[,HOST:PORT...]")
+    add_cluster_token(parser)
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
     parser.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0: any)")
     parser.add_argument("--advertise", default="", help="address peers use (default: --listen)")
@@ -117,8 +120,26 @@ def add_spark_offload(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cluster_token(parser: argparse.ArgumentParser) -> None:
+    """``--cluster-token``: what guards the internal services (broker.runtime.token)."""
+    parser.add_argument(
+        "--cluster-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"internal calls must carry this token (default: ${TOKEN_ENV}; none: not checked); "
+        f"prefer ${TOKEN_ENV}, which ps does not show",
+    )
+
+
+def use_cluster_token(args: argparse.Namespace) -> None:
+    """Make ``--cluster-token`` this process's (and its children's) token."""
+    if getattr(args, "cluster_token", None):
+        os.environ[TOKEN_ENV] = args.cluster_token
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the process until it is stopped; 0 after a clean stop, 2 on a user error."""
+    use_cluster_token(args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

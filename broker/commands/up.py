@@ -57,10 +57,12 @@ from broker.cluster.local import (
 )
 from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
 from broker.commands.run import (
+    add_cluster_token,
     add_http_read_timeout,
     add_retry_window,
     add_spark_offload,
     add_status_flush,
+    use_cluster_token,
 )
 from broker.coordination.configuration import DEFAULT_REPLICAS
 from broker.coordination.errors import (
@@ -140,6 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"notification lost (default {DEFAULT_REPLICAS}; 1: no copies). A cluster formed "
         "before keeps the count it was formed with",
     )
+    add_cluster_token(parser)
     add_status_flush(parser)
     add_http_read_timeout(parser)
     add_retry_window(parser)
@@ -173,6 +176,7 @@ def layer_sizes(args: argparse.Namespace) -> dict[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
+    use_cluster_token(args)
     if args.detach:
         return _start_daemon(args)
     sizes = layer_sizes(args)

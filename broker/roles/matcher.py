@@ -53,6 +53,7 @@ from broker.runtime.handles import connection_point_of
 from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
+from broker.runtime.token import call_metadata
 from broker.serialization import unpack_subscription, unpackb
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
@@ -602,7 +603,9 @@ class Matcher(wire_grpc.MatcherServicer):
                     part = wire.Part(sender=name, epoch=plan.new.epoch, data=data, plan=plan.id)
                     calls.append(
                         asyncio.ensure_future(
-                            stub.Transfer(part, wait_for_ready=True, timeout=60.0)
+                            stub.Transfer(
+                                part, wait_for_ready=True, timeout=60.0, metadata=call_metadata()
+                            )
                         )
                     )
                 await asyncio.gather(*calls)

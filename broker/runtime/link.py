@@ -28,6 +28,7 @@ import grpc
 
 from broker.coordination.membership import Member
 from broker.runtime.metrics import ProcessMetrics
+from broker.runtime.token import call_metadata
 
 __all__ = ["CHANNEL_OPTIONS", "SERVER_OPTIONS", "Link", "LinkState", "follow_members"]
 
@@ -164,13 +165,17 @@ class Link:
         try:
             requests: Any = self._requests()
             if self._streaming:
-                call: Any = self._channel.stream_stream(self._method)(requests, wait_for_ready=True)
+                call: Any = self._channel.stream_stream(self._method)(
+                    requests, wait_for_ready=True, metadata=call_metadata()
+                )
                 async for response in call:
                     if self._on_response is not None:
                         assert isinstance(response, bytes)
                         self._on_response(response)
             else:
-                await self._channel.stream_unary(self._method)(requests, wait_for_ready=True)
+                await self._channel.stream_unary(self._method)(
+                    requests, wait_for_ready=True, metadata=call_metadata()
+                )
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -41,6 +41,7 @@ from broker.errors import AddressInUse
 from broker.runtime.link import SERVER_OPTIONS
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.options import ProcessOptions, parse_address
+from broker.runtime.token import TokenCheck, cluster_token
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
@@ -153,7 +154,11 @@ async def serve(
     metrics = ProcessMetrics(options.role.value)
     role = make_role()
     # no SO_REUSEPORT: a port another process holds must be an error, not a shared port
-    server = grpc.aio.server(options=(*SERVER_OPTIONS, ("grpc.so_reuseport", 0)))
+    token = cluster_token()
+    server = grpc.aio.server(
+        options=(*SERVER_OPTIONS, ("grpc.so_reuseport", 0)),
+        interceptors=[TokenCheck(token)] if token else None,
+    )
     admin = _AdminServicer(role, metrics)
     wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
     role.add_to(server)
