@@ -79,6 +79,8 @@ SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
 ACCESS_POINT_WAIT = 5.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
 PLACE_AGAIN_CHUNK = 5_000  # subscriptions per request when placing again after a repair
+PLACE_AGAIN_RETRY = 1.0  # seconds before a chunk that failed is tried again
+PLACE_AGAIN_PATIENCE = 120.0  # seconds a chunk is tried for
 FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
 LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
 _M = TypeVar("_M", bound=Message)
@@ -551,21 +553,42 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             self._spawn(self._place_again(orphans))
 
     async def _place_again(self, placements: list[wire.Placement]) -> None:
+        """Place ``placements`` again, a chunk at a time; a chunk that fails (a holder died
+        or a scale ran meanwhile) is tried again every PLACE_AGAIN_RETRY seconds for up to
+        PLACE_AGAIN_PATIENCE, with what its sessions still hold: until it is in, some of its
+        subscriptions have fewer holders than the replicas say (a second failure would lose
+        their matches)."""
         for start in range(0, len(placements), PLACE_AGAIN_CHUNK):
             chunk = placements[start : start + PLACE_AGAIN_CHUNK]
-            try:
-                ack = await self._request(
-                    lambda number, chunk=chunk: wire.Batch(
-                        subscriptions=wire.Subscriptions(
-                            request=number, placements=chunk, replace=True
+            deadline = time.monotonic() + PLACE_AGAIN_PATIENCE
+            while chunk:
+                try:
+                    ack = await self._request(
+                        lambda number, chunk=chunk: wire.Batch(
+                            subscriptions=wire.Subscriptions(
+                                request=number, placements=chunk, replace=True
+                            )
                         )
                     )
-                )
-            except SilboError as exc:
-                ack = wire.RequestAck(error=pb.Error(code="UNAVAILABLE", message=str(exc)))
-            if ack.HasField("error") and ack.error.code:
-                _log.error("placing again %d subscriptions failed: %s", len(chunk), ack.error)
-                self._ctx().metrics.items_out.labels(kind="orphaned_subscription").inc(len(chunk))
+                except SilboError as exc:
+                    ack = wire.RequestAck(error=pb.Error(code="UNAVAILABLE", message=str(exc)))
+                if not (ack.HasField("error") and ack.error.code):
+                    break
+                if time.monotonic() > deadline:
+                    _log.error("placing again %d subscriptions failed: %s", len(chunk), ack.error)
+                    self._ctx().metrics.items_out.labels(kind="orphaned_subscription").inc(
+                        len(chunk)
+                    )
+                    break
+                _log.warning("placing again %d subscriptions: %s; again", len(chunk), ack.error)
+                await asyncio.sleep(PLACE_AGAIN_RETRY)
+                held = {
+                    i: placement
+                    for session in self._sessions.values()
+                    for i, placement in session.placements.items()
+                }
+                # as the sessions hold them now: not what was unsubscribed or replaced since
+                chunk = [held[p.id] for p in chunk if p.id in held]
 
     # -- deliveries from the exit points ------------------------------------------------
 
