@@ -140,6 +140,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._config.on_change(self._follow_failures)
         self._config.on_change(self._release_all)
         self._access_points = Peers(context.zk, "access-point", context.loop)
+        self._access_points.on_change(self._check_drained)  # a dead one is not waited for
         self._matchers = Peers(context.zk, "matcher", context.loop)
         self._matchers.on_change(self._check_drained)  # a dead one is not waited for
         self._scale = ScaleView(context.zk, context.loop)
@@ -408,9 +409,10 @@ class ExitPoint(wire_grpc.ExitPointServicer):
 
     def _check_drained(self) -> None:
         """Report drained once this exit point delivered all of the old epoch of an
-        exit-point scale (every access point's switch came through every live matcher: one
-        whose registration is gone, hung past its session or dead, sends nothing more, and
-        waiting for it would hold the scale, and the repair behind it, to its timeout)."""
+        exit-point scale (every live access point's switch came through every live matcher:
+        a member whose registration is gone, hung past its session or dead, sends nothing
+        more, and waiting for it would hold the scale, and the repair behind it, to its
+        timeout)."""
         plan = self._scale.plan if self._scale else None
         ctx = self._ctx()
         if plan is None or plan.layer != "exit-points" or plan.id in self._drained:
@@ -425,7 +427,10 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             ended = self._ended.get(access_point, {})
             if any(ended.get(m, 0) < epoch for m in plan.old.matchers if m in live):
                 return
-        if any(p.epoch < epoch for line in self._pending.values() for p in line.values()):
+        # A dead access point's line is left out: its repair waits for this scale, and what
+        # the line holds is its connection points' to send again (after the repair it closes).
+        lines = [line for ap, line in self._pending.items() if ap in self._access_points.by_name]
+        if any(p.epoch < epoch for line in lines for p in line.values()):
             return
         self._drained.add(plan.id)
         _log.info("scale %s: drained", plan.id)
