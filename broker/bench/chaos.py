@@ -218,14 +218,17 @@ class _Run:
         found: dict[str, Any] = json.loads((self.state / "cluster.json").read_text())
         return found
 
+    def _zk(self) -> KazooClient:
+        """One client kept for the run (it reconnects after a ZooKeeper restart: same port)."""
+        if self.client is None:
+            address = self._description()["zookeeper"]["address"]
+            self.client = connect(address, cluster="silbo", timeout=2)
+        return self.client
+
     def _configuration(self) -> Configuration | None:
-        """The configuration, through one client kept for the run (it reconnects after a
-        ZooKeeper restart: same port); None while ZooKeeper does not answer."""
+        """The configuration; None while ZooKeeper does not answer."""
         try:
-            if self.client is None:
-                address = self._description()["zookeeper"]["address"]
-                self.client = connect(address, cluster="silbo", timeout=2)
-            current = ClusterConfiguration(self.client).read()
+            current = ClusterConfiguration(self._zk()).read()
         except (SilboError, OSError, ValueError):
             return None
         return current.configuration if current else None
@@ -355,7 +358,7 @@ class _Run:
                 break
             if scale.poll() is None or time.monotonic() - began > 60:
                 break  # the plan is up: the scale runs
-            time.sleep(0.5)  # rejected (another scale ran): again
+            self._until(lambda: not self._planned(), 60)  # rejected: the other scale ends
         time.sleep(self.random.random() * 0.5)  # the cut, the transfer, the switch...
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
@@ -366,7 +369,7 @@ class _Run:
             back = _outcome(self._admin_scale(SIZES["matchers"]))
             if back.get("outcome") == "completed" or time.monotonic() - began > 90:
                 break
-            time.sleep(1.0)
+            self._until(lambda: not self._planned(), 60)  # the scale that ran ends
         whole = self._until(lambda: self._whole("matcher", victim["name"]), 90)
         return {
             "victim": victim["name"],
@@ -379,9 +382,8 @@ class _Run:
 
     def _planned(self) -> bool:
         """Is a scale plan up in ZooKeeper (a scale running)?"""
-        self._configuration()  # connects the client if need be
         try:
-            return self.client is not None and read_plan(self.client) is not None
+            return read_plan(self._zk()) is not None
         except (SilboError, OSError, ValueError):
             return False
 

@@ -1,8 +1,8 @@
 """The supervisor of ``silbo up``: a dead process is restarted and its layer made whole again.
 
 Every ``CHECK_INTERVAL`` seconds :meth:`Supervisor.check` looks at each process cluster.json
-names (the ones ``silbo up`` started and the ones ``silbo admin scale`` added) and at the
-embedded ZooKeeper:
+names (the ones ``silbo up`` started and the ones ``silbo admin scale`` added), and a
+watchdog thread at the embedded ZooKeeper:
 
 1. **a process is gone** (exited, killed, or fenced: exit status 75): its member znode is
    deleted at once (:func:`broker.coordination.repair.declare_dead`) and the configuration
@@ -18,8 +18,8 @@ embedded ZooKeeper:
    its share of the subscriptions to it). Scales run one at a time in a thread; one that
    does not complete is tried again at the next check;
 3. **the embedded ZooKeeper is gone**: it is started again on the same port and data
-   directory; clients reconnect, and sessions still within their timeout go on. A thread
-   of its own looks after ZooKeeper: the checks above wait on ZooKeeper when it is away, and
+   directory; clients reconnect, and sessions still within their timeout go on. The
+   watchdog is a thread of its own: the checks above wait on ZooKeeper when it is away, and
    must not be what keeps it away.
 
 Every event is one line on ``out`` (stderr of ``silbo up``) and a count in cluster.json
@@ -95,7 +95,6 @@ class Supervisor:
         self._scaling: threading.Thread | None = None
         self._next_scale = 0.0
         self._restoring = False  # a process was restarted: its layer may be short of one
-        self._zookeeper_lock = threading.Lock()
         self._closed = threading.Event()
         self._watchdog = threading.Thread(
             target=self._watch_zookeeper, name="zookeeper-watchdog", daemon=True
@@ -114,7 +113,6 @@ class Supervisor:
     def check(self) -> None:
         """One look at everything; restarts and scales what needs it (never raises for a
         ZooKeeper that is away: the next check tries again)."""
-        self._keep_zookeeper()
         description = read_cluster(self._state_dir)
         if description is None:
             return
@@ -138,15 +136,13 @@ class Supervisor:
                 _log.exception("restarting the embedded ZooKeeper failed; trying again")
 
     def _keep_zookeeper(self) -> None:
-        """Start the embedded ZooKeeper again if it died (the watchdog and the checks both
-        look; one restarts it)."""
-        with self._zookeeper_lock:
-            status = self._cluster.zookeeper_exited()
-            if status is None or self._closed.is_set():
-                return
-            self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
-            self._cluster.restart_zookeeper()
-            self._say("the embedded ZooKeeper serves again")
+        """Start the embedded ZooKeeper again if it died (only the watchdog looks)."""
+        status = self._cluster.zookeeper_exited()
+        if status is None or self._closed.is_set():
+            return
+        self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
+        self._cluster.restart_zookeeper()
+        self._say("the embedded ZooKeeper serves again")
 
     # -- dead processes -----------------------------------------------------------------
 

@@ -39,6 +39,7 @@ import grpc
 
 from broker.coordination.configuration import Configuration
 from broker.coordination.membership import Member
+from broker.runtime.answers import answered
 from broker.runtime.link import Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
@@ -132,16 +133,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         request_iterator: AsyncIterator[wire.Batch],
         context: grpc.aio.ServicerContext[wire.Batch, wire.RequestAck],
     ) -> AsyncIterator[wire.RequestAck]:
-        replies: asyncio.Queue[wire.RequestAck | None] = asyncio.Queue()
-        reader = asyncio.get_running_loop().create_task(self._read(request_iterator, replies))
-        try:
-            while True:
-                reply = await replies.get()
-                if reply is None:
-                    break
-                yield reply
-        finally:
-            reader.cancel()
+        async for reply in answered(functools.partial(self._read, request_iterator)):
+            yield reply
 
     async def _read(
         self,

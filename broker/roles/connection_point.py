@@ -57,6 +57,7 @@ from broker.errors import (
     mapping_for,
 )
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
+from broker.runtime.answers import answered
 from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
 from broker.runtime.link import Link, LinkState
@@ -236,13 +237,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> AsyncIterator[pb.PublishAck]:
         """Each batch is acknowledged once delivered (docs/failures.md): acknowledgements
         come as batches complete, while later batches are read and sent on."""
-        acks: asyncio.Queue[pb.PublishAck | None] = asyncio.Queue()
-        reader = asyncio.get_running_loop().create_task(self._publishes(request_iterator, acks))
-        try:
-            while (ack := await acks.get()) is not None:
-                yield ack
-        finally:
-            reader.cancel()
+        async for ack in answered(functools.partial(self._publishes, request_iterator)):
+            yield ack
 
     async def _publishes(
         self,
@@ -310,14 +306,18 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         before any new one (publishes wait meanwhile)."""
         self._open.clear()
         try:
-            payloads = self._outbox.unfinished()
-            for payload in payloads:
-                await link.send(payload)
-            if payloads:
-                _log.warning("sent %d unfinished update batches again", len(payloads))
-                self._ctx().metrics.items_out.labels(kind="sent_again").inc(len(payloads))
+            await self._resend(link)
         finally:
             self._open.set()
+
+    async def _resend(self, link: Link) -> None:
+        """Send every unfinished batch again on ``link``, in the order first sent."""
+        payloads = self._outbox.unfinished()
+        for payload in payloads:
+            await link.send(payload)
+        if payloads:
+            _log.warning("sent %d unfinished update batches again", len(payloads))
+            self._ctx().metrics.items_out.labels(kind="sent_again").inc(len(payloads))
 
     async def _expire(self) -> None:
         """Refuse the batches that were not delivered in time (their publishers resend)."""
@@ -715,10 +715,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             if old is not None:
                 await self._fence(old)
             self._link = self._link_to(target)
-            if old is not None and old.state is not LinkState.OPEN and len(self._outbox):
-                # the old access point died during the move: what it had is sent again, first
-                for payload in self._outbox.unfinished():
-                    await self._link.send(payload)
+            if old is not None and old.state is not LinkState.OPEN:
+                await self._resend(self._link)  # it died during the move: what it had, first
             if old is not None:
                 self._spawn(old.close())
             _log.info("moved to access point %s", target.name)
