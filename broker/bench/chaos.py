@@ -3,7 +3,7 @@
     silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--batch 10]
                       [--subscriptions 100]
                       [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
-                                scale-kill]
+                                scale-kill,access-point-hang,exit-point-hang]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
@@ -15,8 +15,9 @@ the cluster refuses is sent again as it was, and counted as a refusal). Every
 ``--interval`` seconds it injects the next fault of ``--faults`` (round robin):
 
 - ``matcher``, ``access-point``, ``exit-point``: SIGKILL of one live process of the role;
-- ``matcher-hang``: SIGSTOP of a matcher until its repair, then SIGCONT (it finds itself
-  fenced and exits; the supervisor restarts it);
+- ``matcher-hang``, ``access-point-hang``, ``exit-point-hang``: SIGSTOP of one process of
+  the role until its repair, then SIGCONT: the supervisor's liveness probe kills it as hung
+  within 2 s and restarts it (broker.cluster.liveness);
 - ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it);
 - ``scale-kill``: ``silbo admin scale matchers 4`` and, in the middle of it, SIGKILL of one
   of the matchers; then ``silbo admin scale matchers 3`` right after (retried while another
@@ -37,6 +38,7 @@ marked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import http.server
 import json
@@ -74,7 +76,16 @@ from broker.wire.convert import entity_from_update
 
 __all__ = ["configure", "run"]
 
-FAULTS = ("matcher", "access-point", "exit-point", "matcher-hang", "zookeeper", "scale-kill")
+FAULTS = (
+    "matcher",
+    "access-point",
+    "exit-point",
+    "matcher-hang",
+    "zookeeper",
+    "scale-kill",
+    "access-point-hang",
+    "exit-point-hang",
+)
 # HTTP subscriptions: one per last digit of the station id, and one for every station
 HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
 SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2}
@@ -338,7 +349,8 @@ class _Run:
             os.kill(victim["pid"], signal.SIGSTOP if fault.endswith("hang") else signal.SIGKILL)
             detected = self._until(lambda: self._failed(victim["name"]), 60)
             if fault.endswith("hang"):
-                os.kill(victim["pid"], signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):  # killed as hung already
+                    os.kill(victim["pid"], signal.SIGCONT)
             recovered = self._until(lambda: self._whole(role, victim["name"]), 90)
             event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
         self.events.append(event)

@@ -17,7 +17,9 @@ watchdog thread at the embedded ZooKeeper:
    ``admin scale`` gave it), a scale takes it in (for matchers the snapshot protocol moves
    its share of the subscriptions to it). Scales run one at a time in a thread; one that
    does not complete is tried again at the next check;
-3. **the embedded ZooKeeper is gone**: it is started again on the same port and data
+3. **a process hangs** (no answer to the liveness probe for ``hang_after`` seconds, 1.25 by
+   default: broker.cluster.liveness): it is killed, and so replaced as in 1;
+4. **the embedded ZooKeeper is gone**: it is started again on the same port and data
    directory; clients reconnect, and sessions still within their timeout go on. The
    watchdog is a thread of its own: the checks above wait on ZooKeeper when it is away, and
    must not be what keeps it away.
@@ -39,6 +41,7 @@ from typing import IO, Any
 from kazoo.client import KazooClient
 
 from broker.cluster.durable import read_layout
+from broker.cluster.liveness import HANG_AFTER, Liveness
 from broker.cluster.local import (
     LocalCluster,
     _same_process,
@@ -86,7 +89,9 @@ class _Slot:
 class Supervisor:
     """Keeps the processes of a foreground ``silbo up`` running (see the module doc)."""
 
-    def __init__(self, cluster: LocalCluster, *, out: IO[str]) -> None:
+    def __init__(
+        self, cluster: LocalCluster, *, out: IO[str], hang_after: float = HANG_AFTER
+    ) -> None:
         self._cluster = cluster
         self._state_dir = cluster.state_dir
         self._out = out
@@ -100,10 +105,17 @@ class Supervisor:
             target=self._watch_zookeeper, name="zookeeper-watchdog", daemon=True
         )
         self._watchdog.start()
+        self._liveness = (
+            Liveness(self._state_dir, on_kill=self._hung, hang_after=hang_after)
+            if hang_after > 0
+            else None
+        )
 
     def close(self) -> None:
         """Stop using ZooKeeper (a scale under way finishes in its thread)."""
         self._closed.set()
+        if self._liveness is not None:
+            self._liveness.close()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.stop()
@@ -143,6 +155,12 @@ class Supervisor:
         self._say(f"the embedded ZooKeeper exited with {status}; starting it again")
         self._cluster.restart_zookeeper()
         self._say("the embedded ZooKeeper serves again")
+
+    def _hung(self, entry: dict[str, Any], silent: float) -> None:
+        self._say(
+            f"{entry.get('role')} {entry.get('name')} (pid {entry.get('pid')}) did not answer "
+            f"for {silent:.1f} s: killed as hung"
+        )
 
     # -- dead processes -----------------------------------------------------------------
 

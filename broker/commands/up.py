@@ -4,7 +4,7 @@
         [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]
         [--status-flush S] [--http-read-timeout S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
-        [--detach] [--log-level INFO] [--timeout 60]
+        [--detach] [--hang-after 1.25] [--log-level INFO] [--timeout 60]
 
 Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
 STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
@@ -17,6 +17,8 @@ down`` and ``silbo admin status --state-dir`` read).
   down``), then stops every process and ZooKeeper and exits 0. It supervises meanwhile
   (broker.cluster.supervisor): a process that dies is reported, restarted with backoff and
   taken back into its layer; the embedded ZooKeeper is restarted on its port and data.
+  A process that does not answer its liveness probe for ``--hang-after`` seconds (1.25 by
+  default; 0: never) is killed as hung, and so restarted (broker.cluster.liveness).
   If the supervisor itself is killed (even by SIGKILL), its children die with it (a
   parent-death signal).
 - With ``--detach`` it starts the same command without ``--detach`` as a daemon (its own
@@ -49,6 +51,7 @@ from types import FrameType
 from typing import Any
 
 from broker.cluster.durable import read_layout
+from broker.cluster.liveness import HANG_AFTER
 from broker.cluster.local import (
     ClusterBusy,
     ClusterSpec,
@@ -157,6 +160,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--detach", action="store_true", help="return once the cluster serves; stop it with down"
     )
+    parser.add_argument(
+        "--hang-after",
+        type=float,
+        default=HANG_AFTER,
+        help="seconds a process may leave its liveness probe unanswered before the supervisor "
+        f"kills it as hung and restarts it (default {HANG_AFTER:g}; 0: never, a hung process "
+        "is then seen when its ZooKeeper session expires)",
+    )
     parser.add_argument("--log-level", default="INFO", help="the processes' logging level")
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for every process to register"
@@ -177,6 +188,8 @@ def layer_sizes(args: argparse.Namespace) -> dict[str, int]:
 def run(args: argparse.Namespace) -> int:
     """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
     use_cluster_token(args)
+    if args.hang_after < 0:
+        return _error(InvalidInput(f"--hang-after must be 0 or more, not {args.hang_after:g}"), 2)
     if args.detach:
         return _start_daemon(args)
     sizes = layer_sizes(args)
@@ -218,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             serving = True
             _summary(description, detached=False)
-            return _serve(cluster)
+            return _serve(cluster, hang_after=args.hang_after)
         except Stopped as stop:
             # Once cluster.json says running, whoever watches it may already stop us: that
             # is a stop of a cluster that is up, even if start() had not quite returned.
@@ -294,9 +307,9 @@ def _start_daemon(args: argparse.Namespace) -> int:
             return 128 + stop.signum
 
 
-def _serve(cluster: LocalCluster) -> int:
+def _serve(cluster: LocalCluster, *, hang_after: float) -> int:
     """Supervise until a stop signal (raised as Stopped)."""
-    supervisor = Supervisor(cluster, out=sys.stderr)
+    supervisor = Supervisor(cluster, out=sys.stderr, hang_after=hang_after)
     try:
         while True:
             supervisor.check()

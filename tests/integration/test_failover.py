@@ -4,8 +4,9 @@
 matchers, 2 access points and 2 exit points; a subscriber holds subscriptions and a
 publisher publishes at a steady pace (resending a batch the cluster refused, with the same
 sequences). One process of a role is killed with SIGKILL mid-stream, or stopped with SIGSTOP
-past its ZooKeeper session and continued after the repair (it must find itself fenced and
-exit, status 75). Then:
+(a hang: the supervisor's liveness probe kills it within 2 s), or, with the probe off
+(``--hang-after 0``), stopped past its ZooKeeper session and continued after the repair (it
+must find itself fenced and exit, status 75). Then:
 
 - the configuration is repaired (an epoch without the dead member, naming it in
   ``failed``), the supervisor restarts the process and scales the layer back to 2;
@@ -17,6 +18,7 @@ exit, status 75). Then:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -58,12 +60,12 @@ PACE = 0.02  # seconds between batches: about 400 updates/s
 class _Up:
     """``silbo up`` in the foreground, in its own state directory."""
 
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, *more: str) -> None:
         self.state = state
         self.err = state.parent / "up.err"
         command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(state)]
         command += ["--grpc-port", "0", "--log-level", "INFO"]
-        command += ["--matchers", "2", "--access-points", "2", "--exit-points", "2"]
+        command += ["--matchers", "2", "--access-points", "2", "--exit-points", "2", *more]
         with open(self.err, "wb") as err:
             self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
         wait_until(self._running, 90, "silbo up serving")
@@ -157,8 +159,9 @@ class _Publisher(threading.Thread):
 
 
 @pytest.fixture
-def up(tmp_path: Path) -> Iterator[_Up]:
-    cluster = _Up(tmp_path / "state")
+def up(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[_Up]:
+    fault = request.node.callspec.params["fault"]
+    cluster = _Up(tmp_path / "state", *(["--hang-after", "0"] if fault == "fence" else []))
     try:
         yield cluster
     finally:
@@ -174,7 +177,15 @@ def _subscriptions() -> list[Subscription]:
 
 @pytest.mark.parametrize(
     ("role", "fault"),
-    [("matcher", "kill"), ("access-point", "kill"), ("exit-point", "kill"), ("matcher", "hang")],
+    [
+        ("matcher", "kill"),
+        ("access-point", "kill"),
+        ("exit-point", "kill"),
+        ("matcher", "hang"),
+        ("access-point", "hang"),
+        ("exit-point", "hang"),
+        ("matcher", "fence"),
+    ],
 )
 def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
     up: _Up, role: str, fault: str
@@ -195,11 +206,15 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
             configuration = up.configuration()
             return victim["name"] in configuration.failed
 
-        # a hang is seen when its ZooKeeper session expires (10 s)
-        wait_until(repaired, 15 if fault == "kill" else 30, f"a repair without {victim['name']}")
+        # a hang is seen by the liveness probe (1.25 s); without it, when its ZooKeeper session
+        # expires (10 s)
+        wait_until(repaired, 15 if fault != "fence" else 30, f"a repair without {victim['name']}")
         repair_s = time.monotonic() - killed
         if fault == "hang":
-            os.kill(victim["pid"], signal.SIGCONT)  # it finds itself fenced and exits
+            assert repair_s < 5.0, f"a hang repaired after {repair_s:.1f} s"
+        if fault != "kill":
+            with contextlib.suppress(ProcessLookupError):  # the probe killed it already
+                os.kill(victim["pid"], signal.SIGCONT)  # fenced, it finds out and exits
 
         def whole() -> bool:
             configuration = up.configuration()
@@ -240,6 +255,8 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
         assert all(received[key] == 1 for key in tail), "recent updates were lost"
         assert f"{role} restarted" in up.err.read_text()
         if fault == "hang":
+            assert f"(pid {victim['pid']}) did not answer" in up.err.read_text()
+        if fault == "fence":
             assert f"{role} (pid {victim['pid']}) exited with 75" in up.err.read_text()
     finally:
         publisher._stopping.set()
