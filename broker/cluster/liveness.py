@@ -115,8 +115,9 @@ class Liveness:
         calls: list[tuple[_Probed, Any]] = []
         for key, entry in entries.items():
             probed = self._probed.get(key)
-            if probed is None or probed.address != entry["address"]:
-                probed = self._probed[key] = _Probed(entry["name"], entry["address"], now)
+            address = entry.get("internal") or entry["address"]  # where Admin is served
+            if probed is None or probed.address != address:
+                probed = self._probed[key] = _Probed(entry["name"], address, now)
             if probed.channel is None:
                 probed.channel = grpc.insecure_channel(probed.address)
             stub = wire_grpc.AdminStub(probed.channel)  # type: ignore[no-untyped-call]

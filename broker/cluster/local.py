@@ -680,7 +680,8 @@ class LocalCluster:
                 "name": child.member.name if child.member else None,
                 "pid": child.process.pid,
                 "start_time": child.start_time,
-                "address": child.member.address if child.member else None,
+                "address": child.member.endpoint if child.member else None,
+                "internal": child.member.address if child.member else None,
                 "metrics": child.member.metrics if child.member else None,
                 "log": str(child.log),
             }
@@ -934,7 +935,8 @@ def add_processes(
             "name": member.name,
             "pid": member.pid,
             "start_time": _start_time(member.pid),
-            "address": member.address,
+            "address": member.endpoint,
+            "internal": member.address,
             "metrics": member.metrics,
             "log": str(log),
         }

@@ -212,6 +212,7 @@ class Supervisor:
                 "pid": process.pid,
                 "start_time": _start_time(process.pid),
                 "address": None,
+                "internal": None,
                 "metrics": None,
                 "log": log,
                 "restarts": slot.restarts,
@@ -239,7 +240,12 @@ class Supervisor:
             for entry in description.get("processes") or []:
                 member = found.get(int(entry.get("pid") or 0))
                 if member is not None and not entry.get("name"):
-                    entry.update(name=member.name, address=member.address, metrics=member.metrics)
+                    entry.update(
+                        name=member.name,
+                        address=member.endpoint,
+                        internal=member.address,
+                        metrics=member.metrics,
+                    )
 
         update_description(self._state_dir, name)
 

@@ -2,6 +2,7 @@
 
     silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
+        [--internal-listen HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
         [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]
          [--http-read-timeout S]]
@@ -48,6 +49,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
     parser.add_argument("--listen", default="127.0.0.1:0", help="gRPC address (port 0: any)")
     parser.add_argument("--advertise", default="", help="address peers use (default: --listen)")
+    parser.add_argument(
+        "--internal-listen",
+        default="",
+        help="connection points: the gRPC address of the internal services (exit points' "
+        "deliveries, admin), --listen serving clients only (default: --listen's host, any port)",
+    )
     parser.add_argument(
         "--metrics-listen", default="127.0.0.1:0", help="Prometheus endpoint ('' for none)"
     )
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             cluster=args.cluster,
             listen=args.listen,
             advertise=args.advertise,
+            internal_listen=args.internal_listen,
             metrics_listen=args.metrics_listen,
             zk_timeout=args.zk_timeout,
             http_listen=args.http_listen,

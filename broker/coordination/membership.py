@@ -68,7 +68,11 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One registered process: its role, address, pid, start time and znode name."""
+    """One registered process: its role, addresses, pid, start time and znode name.
+
+    ``address`` is where its peers call its internal services; a connection point serves its
+    clients on a listener of its own, ``client`` (empty for the other roles).
+    """
 
     role: str
     address: str
@@ -76,6 +80,12 @@ class Member:
     started: float  # seconds since the epoch (time.time()) when the process started
     name: str = ""  # the znode's name; empty until registered
     metrics: str = ""  # host:port of its Prometheus endpoint; empty if it serves none
+    client: str = ""  # host:port of its client API (connection points only)
+
+    @property
+    def endpoint(self) -> str:
+        """Where a user reaches it: the client address of a connection point, else ``address``."""
+        return self.client or self.address
 
     @property
     def sequence(self) -> int:
@@ -97,6 +107,8 @@ class Member:
         }
         if self.metrics:
             body["metrics"] = self.metrics
+        if self.client:
+            body["client"] = self.client
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -111,6 +123,7 @@ class Member:
                 started=float(_expect(body, "started", (int, float))),
                 name=name,
                 metrics=str(body.get("metrics", "")),
+                client=str(body.get("client", "")),
             )
             member.sequence  # noqa: B018 - checks the name ends in a sequence number
         except (ValueError, TypeError, KeyError) as exc:
@@ -147,6 +160,7 @@ class Membership:
         pid: int | None = None,
         started: float | None = None,
         metrics: str = "",
+        client_address: str = "",
         on_change: MembershipCallback | None = None,
     ) -> None:
         _check_role(role)
@@ -157,6 +171,7 @@ class Membership:
             pid=os.getpid() if pid is None else pid,
             started=time.time() if started is None else started,
             metrics=metrics,
+            client=client_address,
         )
         self._on_change = on_change
         self._cond = threading.Condition()

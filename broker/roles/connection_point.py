@@ -171,6 +171,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     # -- the role's life ----------------------------------------------------------------
 
     def add_to(self, server: grpc.aio.Server) -> None:
+        wire_grpc.add_DeliveryServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+    def add_client_to(self, server: grpc.aio.Server) -> None:
         # The client API by hand rather than through the generated helper: its deserializers
         # must not fail, so that bytes that are no message get an answer on the stream.
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
@@ -188,7 +191,6 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("broker.wire.ConnectionPoint", handlers),)
         )
-        wire_grpc.add_DeliveryServicer_to_server(self, server)  # type: ignore[no-untyped-call]
 
     async def start(self, context: ProcessContext) -> None:
         self._context = context
@@ -269,7 +271,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 if self._leaving:
                     await self._publishers_moved.wait()
                     target = self._successor(zlib.crc32(default_publisher.encode()))
-                    acks.put_nowait(pb.PublishAck(batch=request.batch, moved_to=target.address))
+                    acks.put_nowait(pb.PublishAck(batch=request.batch, moved_to=target.endpoint))
                     continue
                 try:
                     delivered = await self._send_updates(request, default_publisher)
@@ -860,7 +862,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
 
     def _send_moved(self, session: _Session) -> None:
         target = self._successor(session.number)
-        moved = pb.Moved(address=target.address, connection_point=target.name)
+        moved = pb.Moved(address=target.endpoint, connection_point=target.name)
         try:
             session.events.put_nowait(wire.SessionEventOut(moved=moved))
         except asyncio.QueueFull:

@@ -29,6 +29,10 @@ class ProcessOptions:
 
     ``listen`` is where its gRPC server binds; ``advertise`` is the address others use to
     reach it (default: ``listen``, with the port the server got when ``listen`` said 0).
+    ``internal_listen`` (connection points) is where its internal services bind (the
+    ``Delivery`` stream of the exit points, ``Admin``); ``listen`` then serves the client API
+    only. Default: ``listen``'s host, any port; the address others use has ``advertise``'s
+    host when that is set.
     ``metrics_listen`` is where its Prometheus endpoint binds ('' for none).
     ``http_listen`` is where a connection point serves NGSI v2 over HTTP ('' for not at all);
     ``notify_allow`` adds hosts or networks its HTTP notifications may go to (docs/ngsi.md);
@@ -45,6 +49,7 @@ class ProcessOptions:
     cluster: str = DEFAULT_CLUSTER
     listen: str = "127.0.0.1:0"
     advertise: str = ""
+    internal_listen: str = ""
     metrics_listen: str = "127.0.0.1:0"
     zk_timeout: float = 10.0
     http_listen: str = ""
@@ -62,6 +67,7 @@ class ProcessOptions:
         for what, value in (
             ("--listen", self.listen),
             ("--advertise", self.advertise),
+            ("--internal-listen", self.internal_listen),
             ("--metrics-listen", self.metrics_listen),
             ("--http-listen", self.http_listen),
         ):
@@ -74,6 +80,11 @@ class ProcessOptions:
             problems.append(f"--cluster {self.cluster!r} must be a non-empty name without '/'")
         if self.http_listen and self.role is not Role.CONNECTION_POINT:
             problems.append("--http-listen is for connection points only")
+        if self.internal_listen and self.role is not Role.CONNECTION_POINT:
+            problems.append(
+                "--internal-listen is for connection points only (the other roles serve "
+                "internal services only, on --listen)"
+            )
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive seconds, not {self.status_flush}")
         if not self.http_read_timeout > 0:

@@ -28,7 +28,7 @@ import os
 import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 from kazoo.client import KazooClient
@@ -85,6 +85,14 @@ class RoleService(Protocol):
 
     def status(self) -> tuple[int, int]:
         """``(epoch, subscriptions held or open)`` for ``silbo admin status``."""
+
+
+@runtime_checkable
+class ServesClients(Protocol):
+    """A role with a client API (the connection point), served on a listener of its own."""
+
+    def add_client_to(self, server: grpc.aio.Server) -> None:
+        """Add the client services to the client server (before it starts)."""
 
 
 class _AdminServicer(wire_grpc.AdminServicer):
@@ -155,15 +163,30 @@ async def serve(
     role = make_role()
     # no SO_REUSEPORT: a port another process holds must be an error, not a shared port
     token = cluster_token()
-    server = grpc.aio.server(
+    server = grpc.aio.server(  # the internal services
         options=(*SERVER_OPTIONS, ("grpc.so_reuseport", 0)),
         interceptors=[TokenCheck(token)] if token else None,
     )
     admin = _AdminServicer(role, metrics)
     wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
     role.add_to(server)
+    clients = None  # a connection point's client API, on a listener of its own
+    if isinstance(role, ServesClients):
+        clients = grpc.aio.server(options=(*SERVER_OPTIONS, ("grpc.so_reuseport", 0)))
+        role.add_client_to(clients)
     try:
-        address = _bind(server, options)
+        if clients is None:
+            address = _bind(server, options.listen, options.advertise, "--listen")
+            client_address = ""
+        else:
+            client_address = _bind(clients, options.listen, options.advertise, "--listen")
+            internal = (
+                options.internal_listen or f"{parse_address(options.listen, '--listen')[0]}:0"
+            )
+            advertised = (
+                options.advertise and f"{parse_address(options.advertise, '--advertise')[0]}:0"
+            )
+            address = _bind(server, internal, advertised, "--internal-listen")
         metrics_address = metrics.serve(options.metrics_listen) if options.metrics_listen else ""
         fenced = asyncio.Event()
 
@@ -172,7 +195,12 @@ async def serve(
                 loop.call_soon_threadsafe(fenced.set)
 
         membership = Membership(
-            zk, options.role.value, address, metrics=metrics_address, on_change=lost
+            zk,
+            options.role.value,
+            address,
+            metrics=metrics_address,
+            client_address=client_address,
+            on_change=lost,
         )
         member = await asyncio.to_thread(membership.register)
         watch_own = DataWatch(zk, member.path, _gone(loop, fenced))
@@ -180,10 +208,18 @@ async def serve(
         context = ProcessContext(options, zk, member, metrics, loop)
         await role.start(context)
         await server.start()
+        if clients is not None:
+            await clients.start()
         repairer = Repairer(zk, member.name)
         repairer.start()
         gc.freeze()  # what start-up built lives as long as the process
-        _log.info("%s %s serving on %s", options.role.value, member.name, address)
+        _log.info(
+            "%s %s serving on %s%s",
+            options.role.value,
+            member.name,
+            address,
+            f" (clients on {client_address})" if client_address else "",
+        )
         if ready is not None:
             ready(member)
         await _first(stop.wait(), fenced.wait())
@@ -200,6 +236,8 @@ async def serve(
         repairer.stop()
         await asyncio.to_thread(membership.leave)
         await role.stop()
+        if clients is not None:
+            await clients.stop(grace=2.0)
         await server.stop(grace=2.0)
     finally:
         watcher.close()
@@ -228,23 +266,35 @@ def _gone(
     return changed
 
 
-def _bind(server: grpc.aio.Server, options: ProcessOptions) -> str:
-    host, _port = parse_address(options.listen, "--listen")
+def _bind(server: grpc.aio.Server, listen: str, advertise: str, flag: str) -> str:
+    """Bind ``server`` to ``listen``; the address others use (``advertise``'s host and port,
+    its port 0 or none standing for the port bound)."""
+    host, _port = parse_address(listen, flag)
     try:
-        bound = server.add_insecure_port(options.listen)
+        bound = server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise AddressInUse(
-            f"cannot listen on {options.listen}: the port is in use or the address is not "
-            "this host's (pick another with --listen HOST:PORT, or port 0 for any)"
+            f"cannot listen on {listen}: the port is in use or the address is not "
+            f"this host's (pick another with {flag} HOST:PORT, or port 0 for any)"
         ) from exc
     if bound == 0:
-        raise AddressInUse(f"cannot listen on {options.listen}: the port is in use")
-    if options.advertise:
-        adv_host, adv_port = parse_address(options.advertise, "--advertise")
+        raise AddressInUse(f"cannot listen on {listen}: the port is in use")
+    if advertise:
+        adv_host, adv_port = parse_address(advertise, "--advertise")
         return f"{adv_host}:{adv_port or bound}"
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     return f"{host}:{bound}"
+
+
+def _internal(options: ProcessOptions) -> tuple[str, str]:
+    """A connection point's internal listener and advertised address (any port by default,
+    on the client listener's and advertised hosts)."""
+    listen = options.internal_listen or f"{parse_address(options.listen, '--listen')[0]}:0"
+    advertise = ""
+    if options.advertise:
+        advertise = f"{parse_address(options.advertise, '--advertise')[0]}:0"
+    return listen, advertise
 
 
 def _close(zk: KazooClient) -> None:

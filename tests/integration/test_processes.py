@@ -163,7 +163,7 @@ def test_sigterm_stops_every_role_cleanly_and_its_membership_goes(
         )
         # the extra connection point serves: a session through it holds a subscription
         extra_cp = next(
-            m.address for m in _members_of(cluster) if m.pid == extra["connection-point"].pid
+            m.endpoint for m in _members_of(cluster) if m.pid == extra["connection-point"].pid
         )
         with Client(extra_cp, publisher="through-extra") as client:
             room = client.subscribe(type="Room")

@@ -44,7 +44,7 @@ def _names(cluster: LocalCluster, role: Role) -> list[str]:
 
 
 def _addresses(cluster: LocalCluster, role: Role) -> list[str]:
-    return [m.address for m in cluster.members_of(role)]
+    return [m.endpoint for m in cluster.members_of(role)]
 
 
 def _late(subscriptions: list[Subscription]) -> list[Subscription]:

@@ -1,0 +1,33 @@
+"""ProcessOptions: the listeners a process is given, checked before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.errors import InvalidInput
+from broker.runtime.options import ProcessOptions, Role
+from broker.runtime.process import _internal
+
+
+def test_a_connection_point_has_an_internal_listener_on_its_host_by_default() -> None:
+    options = ProcessOptions(Role.CONNECTION_POINT, zk="h:1", listen="0.0.0.0:7777")
+    assert _internal(options) == ("0.0.0.0:0", "")
+    advertised = ProcessOptions(
+        Role.CONNECTION_POINT, zk="h:1", listen="0.0.0.0:7777", advertise="cp1.example:7777"
+    )
+    assert _internal(advertised) == ("0.0.0.0:0", "cp1.example:0")  # the port it gets
+    given = ProcessOptions(
+        Role.CONNECTION_POINT, zk="h:1", listen="0.0.0.0:7777", internal_listen="10.0.0.5:7700"
+    )
+    assert _internal(given) == ("10.0.0.5:7700", "")
+
+
+@pytest.mark.parametrize("role", [Role.MATCHER, Role.ACCESS_POINT, Role.EXIT_POINT])
+def test_internal_listen_is_for_connection_points_only(role: Role) -> None:
+    with pytest.raises(InvalidInput, match="--internal-listen is for connection points only"):
+        ProcessOptions(role, zk="h:1", internal_listen="127.0.0.1:0")
+
+
+def test_a_bad_internal_listener_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="--internal-listen"):
+        ProcessOptions(Role.CONNECTION_POINT, zk="h:1", internal_listen="no-port")
