@@ -3,7 +3,8 @@
     silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--batch 10]
                       [--subscriptions 100]
                       [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
-                                scale-kill,access-point-hang,exit-point-hang]
+                                scale-kill,access-point-hang,exit-point-hang,
+                                scale-kill-exit-point,scale-kill-access-point]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
@@ -21,7 +22,9 @@ the cluster refuses is sent again as it was, and counted as a refusal). Every
 - ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it);
 - ``scale-kill``: ``silbo admin scale matchers 4`` and, in the middle of it, SIGKILL of one
   of the matchers; then ``silbo admin scale matchers 3`` right after (retried while another
-  scale runs); the outcomes are reported.
+  scale runs); the outcomes are reported. ``scale-kill-exit-point`` and
+  ``scale-kill-access-point`` do the same to the exit points (2 → 3 → 2) and the access
+  points.
 
 Per fault it measures *detection* (until the configuration names the victim in ``failed``;
 for ZooKeeper, until it answers again) and *recovery* (until the layer serves its configured
@@ -85,6 +88,8 @@ FAULTS = (
     "scale-kill",
     "access-point-hang",
     "exit-point-hang",
+    "scale-kill-exit-point",
+    "scale-kill-access-point",
 )
 # HTTP subscriptions: one per last digit of the station id, and one for every station
 HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
@@ -340,8 +345,10 @@ class _Run:
             os.kill(pid, signal.SIGKILL)
             detected = self._until(lambda: self._zookeeper_back(pid), 60)
             event.update(detection_s=detected, recovery_s=detected)
-        elif fault == "scale-kill":
-            event.update(self._kill_mid_scale())
+        elif fault.startswith("scale-kill"):
+            event.update(
+                self._kill_mid_scale(fault.removeprefix("scale-kill").lstrip("-") or "matcher")
+            )
         else:
             role = fault.removesuffix("-hang")
             victims = [p for p in self._description()["processes"] if p["role"] == role]
@@ -356,13 +363,15 @@ class _Run:
         self.events.append(event)
         _say(f"{fault}: detected in {event['detection_s']} s, whole in {event['recovery_s']} s")
 
-    def _kill_mid_scale(self) -> dict[str, Any]:
-        """Scale the matchers to 4, kill one of them in the middle, then scale back to 3."""
-        victims = [p for p in self._description()["processes"] if p["role"] == "matcher"]
+    def _kill_mid_scale(self, role: str) -> dict[str, Any]:
+        """Scale ``role``'s layer out by one, kill one of its processes in the middle, then
+        scale it back."""
+        layer = _LAYER[role].replace("_", "-")
+        victims = [p for p in self._description()["processes"] if p["role"] == role]
         victim = self.random.choice([v for v in victims if v.get("name")])
         began = time.monotonic()
         while True:  # a scale of the supervisor's (back to size) may run: start once it ended
-            scale = self._admin_scale(SIZES["matchers"] + 1)
+            scale = self._admin_scale(layer, SIZES[layer] + 1)
             started = self._until(
                 lambda scale=scale: self._planned() or scale.poll() is not None, 30
             )
@@ -378,11 +387,11 @@ class _Run:
         first = _outcome(scale)
         began = time.monotonic()
         while True:  # right after the failure; the supervisor's own scale may run: again
-            back = _outcome(self._admin_scale(SIZES["matchers"]))
+            back = _outcome(self._admin_scale(layer, SIZES[layer]))
             if back.get("outcome") == "completed" or time.monotonic() - began > 90:
                 break
             self._until(lambda: not self._planned(), 60)  # the scale that ran ends
-        whole = self._until(lambda: self._whole("matcher", victim["name"]), 90)
+        whole = self._until(lambda: self._whole(role, victim["name"]), 90)
         return {
             "victim": victim["name"],
             "detection_s": detected,
@@ -399,8 +408,8 @@ class _Run:
         except (SilboError, OSError, ValueError):
             return False
 
-    def _admin_scale(self, size: int) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "broker.cli", "admin", "scale", "matchers", str(size)]
+    def _admin_scale(self, layer: str, size: int) -> subprocess.Popen[str]:
+        command = [sys.executable, "-m", "broker.cli", "admin", "scale", layer, str(size)]
         command += ["--state-dir", str(self.state), "--json"]
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

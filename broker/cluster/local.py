@@ -73,7 +73,7 @@ from broker.coordination.membership import Member, members
 from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
-from broker.runtime.options import DEFAULT_CLUSTER, Role
+from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, Role
 
 __all__ = [
     "ClusterBusy",
@@ -122,6 +122,7 @@ class ClusterSpec:
     retry_window: float = DEFAULT_WINDOW  # --retry-window of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
+    peer_hang_after: float = PEER_HANG_AFTER  # --peer-hang-after of every process (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
     state_dir: Path = Path(".silbo")
@@ -158,6 +159,8 @@ class ClusterSpec:
             )
         if self.spark_offload < 0:
             problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
+        if self.peer_hang_after < 0:
+            problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
         if not self.http_read_timeout > 0:
@@ -195,6 +198,7 @@ class ChildOptions:
     http_read_timeout: float = 30.0
     retry_window: float = DEFAULT_WINDOW
     notify_allow: tuple[str, ...] = ()
+    peer_hang_after: float = PEER_HANG_AFTER
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -207,6 +211,7 @@ class ChildOptions:
             spec.http_read_timeout,
             spec.retry_window,
             tuple(spec.notify_allow),
+            spec.peer_hang_after,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,6 +224,7 @@ class ChildOptions:
             "http_read_timeout": self.http_read_timeout,
             "retry_window": self.retry_window,
             "notify_allow": list(self.notify_allow),
+            "peer_hang_after": self.peer_hang_after,
         }
 
     @classmethod
@@ -232,7 +238,7 @@ class ChildOptions:
 
     def arguments(self, role: Role, number: int) -> list[str]:
         """The role-specific ``silbo run`` arguments of process ``number`` (from 1)."""
-        extra = ["--log-level", self.log_level]
+        extra = ["--log-level", self.log_level, "--peer-hang-after", f"{self.peer_hang_after:g}"]
         if role is Role.MATCHER and self.spark_offload:
             extra += ["--spark-offload", str(self.spark_offload)]
         if role is Role.CONNECTION_POINT and self.http_port is not None:

@@ -100,6 +100,7 @@ class Supervisor:
         self._scaling: threading.Thread | None = None
         self._next_scale = 0.0
         self._restoring = False  # a process was restarted: its layer may be short of one
+        self._undeclared: dict[str, str] = {}  # dead members whose znode is not deleted yet
         self._closed = threading.Event()
         self._watchdog = threading.Thread(
             target=self._watch_zookeeper, name="zookeeper-watchdog", daemon=True
@@ -129,6 +130,7 @@ class Supervisor:
         if description is None:
             return
         try:
+            self._declare_dead()
             for entry in description.get("processes") or []:
                 self._check_process(entry)
             self._restart_due()
@@ -183,17 +185,27 @@ class Supervisor:
             how = "is gone"
         name = entry.get("name")
         if name:
-            with contextlib.suppress(SilboError):
-                declare_dead(self._zk(), slot.role.value, name)
-                # The elected repairer may be the dead one (its election znode lasts as long
-                # as its session): repair from here too; a compare-and-set, so no race.
-                repair_once(self._zk())
+            self._undeclared[name] = slot.role.value
+            self._declare_dead()
         delay = min(MAX_BACKOFF, FIRST_BACKOFF * 2**slot.streak)
         slot.due = time.monotonic() + delay
         self._say(
             f"{slot.role.value} (pid {pid}) {how} (log: {entry.get('log')}); "
             f"restarting it in {delay:g} s"
         )
+
+    def _declare_dead(self) -> None:
+        """Delete the znodes of the processes seen dead, and repair; what fails (ZooKeeper
+        away) is tried again at the next check, not left to the session timeout."""
+        for name, role in list(self._undeclared.items()):
+            try:
+                declare_dead(self._zk(), role, name)
+                del self._undeclared[name]
+                # The elected repairer may be the dead one (its election znode lasts as long
+                # as its session): repair from here too; a compare-and-set, so no race.
+                repair_once(self._zk())
+            except SilboError as exc:
+                _log.warning("declaring %s dead failed (%s); trying again", name, exc)
 
     def _restart_due(self) -> None:
         now = time.monotonic()

@@ -3,7 +3,8 @@
     silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--internal-listen HOST:PORT]
-        [--metrics-listen HOST:PORT] [--zk-timeout S] [--log-level LEVEL]
+        [--metrics-listen HOST:PORT] [--zk-timeout S] [--peer-hang-after S]
+        [--log-level LEVEL]
         [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]
          [--http-read-timeout S]]
                                                                       (connection points)
@@ -27,7 +28,7 @@ from broker.roles.access_point import AccessPoint
 from broker.roles.connection_point import ConnectionPoint
 from broker.roles.exit_point import ExitPoint
 from broker.roles.matcher import Matcher
-from broker.runtime.options import DEFAULT_CLUSTER, ProcessOptions, Role
+from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, ProcessOptions, Role
 from broker.runtime.process import RoleService, run_process
 from broker.runtime.token import TOKEN_ENV
 
@@ -59,6 +60,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--metrics-listen", default="127.0.0.1:0", help="Prometheus endpoint ('' for none)"
     )
     parser.add_argument("--zk-timeout", type=float, default=10.0, help="seconds to reach ZooKeeper")
+    parser.add_argument(
+        "--peer-hang-after",
+        type=float,
+        default=PEER_HANG_AFTER,
+        help="while this process is the cluster's repairer: seconds a member may leave its "
+        f"liveness probe unanswered before it is declared dead (default {PEER_HANG_AFTER:g}; "
+        "0: never, a hung member is then seen when its ZooKeeper session expires)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     parser.add_argument(
         "--http-listen", default="", help="connection points: serve NGSI v2 HTTP here (port 0: any)"
@@ -170,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             retry_window=args.retry_window,
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
+            peer_hang_after=args.peer_hang_after,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
         return run_process(options, ROLES[options.role])

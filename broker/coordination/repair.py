@@ -142,6 +142,7 @@ class Repairer:
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.repairs: list[Repair] = []
+        self.leading = False  # elected now
 
     def start(self) -> None:
         """Stand for election (in the background)."""
@@ -165,6 +166,13 @@ class Repairer:
 
     def _lead(self) -> None:
         _log.info("%s is the repairer", self._identifier)
+        self.leading = True
+        try:
+            self._repair_while_elected()
+        finally:
+            self.leading = False
+
+    def _repair_while_elected(self) -> None:
         for role in _ROLES:
             self._client.ensure_path(f"{MEMBERS}/{role}")  # a ChildrenWatch needs the znode
         watches: list[object] = [

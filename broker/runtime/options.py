@@ -9,7 +9,9 @@ from broker.addresses import parse_address
 from broker.errors import InvalidInput
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
-__all__ = ["ProcessOptions", "Role", "parse_address"]
+PEER_HANG_AFTER = 2.0  # seconds without an answer before the repairer declares a member dead
+
+__all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "parse_address"]
 
 DEFAULT_CLUSTER = "silbo"
 
@@ -42,6 +44,9 @@ class ProcessOptions:
     ``retry_window`` how long (seconds) an HTTP notification is retried for, by default.
     ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
     (0: never), on ``spark_master`` ('' for local; docs/spark.md).
+    ``peer_hang_after``: while this process is the elected repairer, a member that leaves
+    ``Admin.Status`` unanswered that long (seconds) is declared dead (0: never;
+    broker.runtime.liveness).
     """
 
     role: Role
@@ -59,6 +64,7 @@ class ProcessOptions:
     retry_window: float = DEFAULT_WINDOW
     spark_offload: int = 0
     spark_master: str = ""
+    peer_hang_after: float = PEER_HANG_AFTER
 
     def __post_init__(self) -> None:
         problems = []
@@ -97,6 +103,8 @@ class ProcessOptions:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:
             problems.append("--spark-offload and --spark-master are for matchers only")
+        if self.peer_hang_after < 0:
+            problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
         if self.zk_timeout <= 0:
             problems.append("the ZooKeeper timeout must be positive")
         if problems:

@@ -39,6 +39,7 @@ from broker.coordination.membership import Member, Membership, MembershipState
 from broker.coordination.repair import Repairer
 from broker.errors import AddressInUse
 from broker.runtime.link import SERVER_OPTIONS
+from broker.runtime.liveness import PeerWatch
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.options import ProcessOptions, parse_address
 from broker.runtime.token import TokenCheck, cluster_token
@@ -212,6 +213,11 @@ async def serve(
             await clients.start()
         repairer = Repairer(zk, member.name)
         repairer.start()
+        peers = (
+            PeerWatch(zk, member.name, lambda: repairer.leading, hang_after=options.peer_hang_after)
+            if options.peer_hang_after > 0
+            else None
+        )
         gc.freeze()  # what start-up built lives as long as the process
         _log.info(
             "%s %s serving on %s%s",
@@ -233,6 +239,8 @@ async def serve(
             os._exit(EXIT_FENCED)  # nothing of this process may act any more
         _log.info("%s %s stopping", options.role.value, member.name)
         del watch_own
+        if peers is not None:
+            peers.close()
         repairer.stop()
         await asyncio.to_thread(membership.leave)
         await role.stop()

@@ -1,0 +1,198 @@
+"""Liveness probes: who stopped answering ``Admin.Status``, and for how long.
+
+A process that hangs (SIGSTOP, a deadlock, a loop that never yields) keeps its ZooKeeper
+znode until its session times out (10 s), and until then its layer waits on it. A
+:class:`Prober` does not wait for the session: every ``PROBE_INTERVAL`` seconds it asks each
+of its targets for ``Admin.Status`` (deadline ``PROBE_DEADLINE``, the cluster token
+attached, the calls of a round in flight together so that one hung target delays no look at
+the others), and calls ``on_silent`` for a target that has not answered for ``hang_after``
+seconds (until it returns True, or the target answers again). A target that never answered
+yet (it may still be starting its services) is given ``STARTING_GRACE`` seconds from when it
+was first seen. ``Admin.Status`` is answered from the target's event loop, so a loop blocked
+that long counts as a hang: none of ours blocks that long.
+
+Two probers use it: the supervisor of ``silbo up`` kills a silent child (broker.cluster.
+liveness), and the elected repairer of any cluster declares a silent member dead (its znode
+deleted: it is repaired out, and fenced when it wakes; :class:`PeerWatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from kazoo.client import KazooClient
+
+from broker.coordination.membership import members
+from broker.coordination.repair import declare_dead
+from broker.errors import SilboError
+from broker.runtime.options import PEER_HANG_AFTER
+from broker.runtime.token import call_metadata
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+
+__all__ = [
+    "HANG_AFTER",
+    "PEER_HANG_AFTER",
+    "PROBE_DEADLINE",
+    "PROBE_INTERVAL",
+    "PeerWatch",
+    "Prober",
+    "Target",
+]
+
+_log = logging.getLogger(__name__)
+
+PROBE_INTERVAL = 0.2  # seconds between two rounds of probes
+PROBE_DEADLINE = 0.6  # seconds one probe may take
+HANG_AFTER = 1.25  # seconds without an answer before the supervisor kills a child
+STARTING_GRACE = 30.0  # seconds a target that never answered is given to start serving
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One process to probe: ``key`` tells two incarnations apart (pid and start time, or
+    the member's name)."""
+
+    key: Hashable
+    role: str
+    name: str
+    address: str
+
+
+@dataclass
+class _Probed:
+    target: Target
+    answered: float  # monotonic time of the last answer (or of the first look)
+    ever: bool = False  # has it answered once?
+    reported: bool = False  # on_silent called since the last answer
+    channel: grpc.Channel | None = None
+
+
+class Prober:
+    """Probes ``targets()`` every round; ``on_silent(target, silent_s)`` for a silent one
+    (True once it was dealt with; False to be called again next round)."""
+
+    def __init__(
+        self,
+        targets: Callable[[], list[Target]],
+        on_silent: Callable[[Target, float], bool],
+        *,
+        hang_after: float,
+        name: str = "liveness",
+    ) -> None:
+        self._targets = targets
+        self._on_silent = on_silent
+        self._hang_after = hang_after
+        self._probed: dict[Hashable, _Probed] = {}
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop probing (at the end of the round under way)."""
+        self._closed.set()
+        self._thread.join(timeout=5.0)
+        self._forget(set(self._probed))
+
+    def _run(self) -> None:
+        while not self._closed.wait(PROBE_INTERVAL):
+            try:
+                self.probe_once()
+            except Exception:  # the probe must outlive any one bad round
+                _log.exception("a liveness probe round failed; trying again")
+
+    def probe_once(self) -> None:
+        """One round: ask every target, report the ones silent past ``hang_after``."""
+        now = time.monotonic()
+        targets = {t.key: t for t in self._targets()}
+        self._forget(set(self._probed) - set(targets))  # gone, or replaced
+        calls: list[tuple[_Probed, Any]] = []
+        for key, target in targets.items():
+            probed = self._probed.get(key)
+            if probed is None or probed.target.address != target.address:
+                self._forget({key})
+                probed = self._probed[key] = _Probed(target, now)
+            if probed.channel is None:
+                probed.channel = grpc.insecure_channel(target.address)
+            stub = wire_grpc.AdminStub(probed.channel)  # type: ignore[no-untyped-call]
+            call = stub.Status.future(
+                wire.StatusRequest(), timeout=PROBE_DEADLINE, metadata=call_metadata()
+            )
+            calls.append((probed, call))
+        for probed, call in calls:
+            with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError):
+                call.result()
+                probed.answered = time.monotonic()
+                probed.ever = True
+                probed.reported = False
+        now = time.monotonic()
+        for probed, _call in calls:
+            silent = now - probed.answered
+            if probed.reported or silent < (self._hang_after if probed.ever else STARTING_GRACE):
+                continue
+            probed.reported = self._on_silent(probed.target, silent)
+
+    def _forget(self, keys: set[Hashable]) -> None:
+        for key in keys:
+            gone = self._probed.pop(key, None)
+            if gone is not None and gone.channel is not None:
+                gone.channel.close()
+
+
+class PeerWatch:
+    """While this process is the elected repairer (``leading()``), probes every member of
+    the cluster and declares dead the ones silent past ``hang_after`` seconds: their znodes
+    are deleted, the repairer writes the epoch without them, and a hung one that wakes finds
+    itself fenced and exits. It works without a supervisor (``silbo run`` under any process
+    manager); with one, the supervisor's probe usually acts first (it kills sooner).
+    """
+
+    def __init__(
+        self,
+        client: KazooClient,
+        own_name: str,
+        leading: Callable[[], bool],
+        *,
+        hang_after: float = PEER_HANG_AFTER,
+    ) -> None:
+        self._client = client
+        self._own_name = own_name
+        self._leading = leading
+        self._prober = Prober(
+            self._targets, self._silent, hang_after=hang_after, name="peer-liveness"
+        )
+
+    def close(self) -> None:
+        """Stop probing."""
+        self._prober.close()
+
+    def _targets(self) -> list[Target]:
+        if not self._leading():
+            return []
+        try:
+            found = members(self._client)
+        except SilboError:
+            return []  # ZooKeeper away: no member can be declared dead anyway
+        return [
+            Target(m.name, m.role, m.name, m.address) for m in found if m.name != self._own_name
+        ]
+
+    def _silent(self, target: Target, silent: float) -> bool:
+        if not self._leading():
+            return False
+        _log.warning(
+            "%s %s did not answer for %.1f s: declaring it dead", target.role, target.name, silent
+        )
+        try:
+            declare_dead(self._client, target.role, target.name)
+        except SilboError as exc:
+            _log.warning("declaring %s dead failed (%s); trying again", target.name, exc)
+            return False
+        return True

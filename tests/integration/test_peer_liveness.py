@@ -1,0 +1,60 @@
+"""A hung member of a cluster without a supervisor: the elected repairer's probe declares it
+dead within a few seconds (not the 10 s session timeout), the configuration is repaired
+without it, delivery goes on, and once continued it finds itself fenced and exits (75)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from conftest import StartCluster
+
+from broker.client import Client
+from broker.coordination.client import connect
+from broker.coordination.configuration import ClusterConfiguration
+from broker.model.update import ContextUpdate
+from broker.runtime.options import Role
+from broker.runtime.process import EXIT_FENCED
+from integration.conftest import wait_until
+
+pytestmark = pytest.mark.slow
+
+_LAYER = {Role.ACCESS_POINT: "access_points", Role.EXIT_POINT: "exit_points"}
+
+
+@pytest.mark.parametrize("role", [Role.ACCESS_POINT, Role.EXIT_POINT, Role.MATCHER])
+def test_a_hung_member_is_declared_dead_by_its_peers_and_fenced_when_it_wakes(
+    start_cluster: StartCluster, role: Role
+) -> None:
+    cluster = start_cluster(matchers=2, access_points=2, exit_points=2)
+    victim = cluster.members_of(role)[-1]
+    child = cluster.child(victim.pid)
+    assert child is not None
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10)
+    try:
+        with Client(cluster.endpoints) as client:
+            room = client.subscribe(type="Room")
+            client.publish(ContextUpdate.of("Room1", {"t": 1}, entity_type="Room"))
+            assert room.get(timeout=15).update.entity_id == "Room1"
+            os.kill(victim.pid, signal.SIGSTOP)
+            try:
+
+                def repaired() -> bool:
+                    current = ClusterConfiguration(zk).read()
+                    return current is not None and victim.name in current.configuration.failed
+
+                # the peers' probe: 2 s of silence, then the repair (the session: 10 s)
+                wait_until(repaired, 7, f"a repair without the hung {victim.name}")
+                configuration = ClusterConfiguration(zk).read()
+                assert configuration is not None
+                serving = getattr(configuration.configuration, _LAYER.get(role, "matchers"))
+                assert victim.name not in serving
+                client.publish(ContextUpdate.of("Room2", {"t": 2}, entity_type="Room"))
+                assert room.get(timeout=15).update.entity_id == "Room2"  # served without it
+            finally:
+                os.kill(victim.pid, signal.SIGCONT)
+            assert child.wait(timeout=30) == EXIT_FENCED  # it woke, found itself fenced
+    finally:
+        zk.stop()
+        zk.close()

@@ -1,0 +1,81 @@
+"""The liveness prober against real gRPC servers: a silent target is reported after
+``hang_after`` and not before, once, and again only after it answered in between."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from broker.runtime.liveness import Prober, Target
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
+
+
+class _Admin(wire_grpc.AdminServicer):
+    def __init__(self) -> None:
+        self.hung = threading.Event()
+        self.resumed = threading.Event()
+
+    def Status(self, request: wire.StatusRequest, context: Any) -> wire.ProcessStatus:
+        if self.hung.is_set():
+            self.resumed.wait(5)
+        return wire.ProcessStatus(name="target")
+
+
+def test_a_silent_target_is_reported_once_after_hang_after_and_again_after_answering() -> None:
+    admin = _Admin()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    reports: list[tuple[str, float, float]] = []
+    target = Target("t", "matcher", "target", f"127.0.0.1:{port}")
+    hung_at = [0.0]
+
+    def silent(found: Target, silent_s: float) -> bool:
+        reports.append((found.name, silent_s, time.monotonic() - hung_at[0]))
+        return True
+
+    prober = Prober(lambda: [target], silent, hang_after=1.0)
+    try:
+        time.sleep(1.5)
+        assert reports == []  # answering: never reported
+        hung_at[0] = time.monotonic()
+        admin.resumed.clear()
+        admin.hung.set()
+        time.sleep(3.0)
+        assert len(reports) == 1, reports  # once, however long it stays silent
+        _name, silent_s, after = reports[0]
+        assert silent_s >= 1.0 and after < 3.0  # after hang_after, within a probe round or so
+        admin.hung.clear()
+        admin.resumed.set()
+        time.sleep(1.0)  # it answers again
+        hung_at[0] = time.monotonic()
+        admin.resumed.clear()
+        admin.hung.set()
+        time.sleep(2.5)
+        assert len(reports) == 2, reports  # a new silence is a new report
+    finally:
+        admin.resumed.set()
+        prober.close()
+        server.stop(0)
+
+
+def test_a_target_that_never_answered_gets_the_starting_grace() -> None:
+    reports: list[Target] = []
+    nowhere = Target("n", "matcher", "nowhere", "127.0.0.1:1")  # nothing listens
+
+    def silent(found: Target, _silent_s: float) -> bool:
+        reports.append(found)
+        return True
+
+    prober = Prober(lambda: [nowhere], silent, hang_after=0.5)
+    try:
+        time.sleep(2.0)
+        assert reports == []  # still starting, as far as the prober knows
+    finally:
+        prober.close()
