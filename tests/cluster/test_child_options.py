@@ -17,16 +17,15 @@ def test_each_role_gets_its_own_options_from_the_spec(tmp_path: Path) -> None:
         log_level="DEBUG",
         notify_allow=("10.0.0.0/8",),
         retry_window=12.0,
+        peer_hang_after=3.5,
         state_dir=tmp_path,
     )
     options = ChildOptions.of(spec)
-    assert options.arguments(Role.MATCHER, 1) == [
-        *("--log-level", "DEBUG"),
-        *("--spark-offload", "5000"),
-    ]
-    assert options.arguments(Role.EXIT_POINT, 2) == ["--log-level", "DEBUG"]
+    common = ["--log-level", "DEBUG", "--peer-hang-after", "3.5"]
+    assert options.arguments(Role.MATCHER, 1) == [*common, *("--spark-offload", "5000")]
+    assert options.arguments(Role.EXIT_POINT, 2) == common
     second = options.arguments(Role.CONNECTION_POINT, 2)
-    assert second[:4] == ["--log-level", "DEBUG", "--http-listen", "127.0.0.1:1027"]
+    assert second[:6] == [*common, "--http-listen", "127.0.0.1:1027"]
     assert second[second.index("--retry-window") :][:2] == ["--retry-window", "12.0"]
     assert second[-2:] == ["--notify-allow", "10.0.0.0/8"]
 
