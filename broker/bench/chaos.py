@@ -340,6 +340,18 @@ class _Run:
     def _inject(self, fault: str) -> None:
         at = time.monotonic()
         event: dict[str, Any] = {"fault": fault, "t": round(at - self.started, 2)}
+        try:
+            self._inject_one(fault, event)
+        except (ProcessLookupError, LookupError, OSError, ValueError, SilboError) as exc:
+            # the victim went away first (a fenced process restarted...): the run goes on
+            event.update(error=f"{type(exc).__name__}: {exc}", detection_s=None, recovery_s=None)
+            _say(f"{fault}: not injected ({event['error']})")
+            self.events.append(event)
+            return
+        self.events.append(event)
+        _say(f"{fault}: detected in {event['detection_s']} s, whole in {event['recovery_s']} s")
+
+    def _inject_one(self, fault: str, event: dict[str, Any]) -> None:
         if fault == "zookeeper":
             pid = int(self._description()["zookeeper"]["pid"])
             os.kill(pid, signal.SIGKILL)
@@ -360,8 +372,6 @@ class _Run:
                     os.kill(victim["pid"], signal.SIGCONT)
             recovered = self._until(lambda: self._whole(role, victim["name"]), 90)
             event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
-        self.events.append(event)
-        _say(f"{fault}: detected in {event['detection_s']} s, whole in {event['recovery_s']} s")
 
     def _kill_mid_scale(self, role: str) -> dict[str, Any]:
         """Scale ``role``'s layer out by one, kill one of its processes in the middle, then
@@ -381,6 +391,9 @@ class _Run:
                 break  # the plan is up: the scale runs
             self._until(lambda: not self._planned(), 60)  # rejected: the other scale ends
         time.sleep(self.random.random() * 0.5)  # the cut, the transfer, the switch...
+        victims = [p for p in self._description()["processes"] if p["role"] == role]
+        if victim not in victims:  # it died meanwhile (fenced, killed as hung): another one
+            victim = self.random.choice([v for v in victims if v.get("name")])
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
         detected = self._until(lambda: self._failed(victim["name"]), 60)
@@ -441,6 +454,20 @@ class _Run:
 
     # -- the oracle -------------------------------------------------------------------------
 
+    def _unplanned(self) -> dict[str, int]:
+        """What the supervisor did that no fault asked for: processes fenced (their session
+        expired, or their peers declared them dead), and hang kills beyond the injected
+        hangs."""
+        try:
+            log = (self.state.parent / "up.err").read_text(errors="replace")
+        except OSError:
+            return {}
+        hangs = sum(1 for e in self.events if e["fault"].endswith("-hang") and "error" not in e)
+        return {
+            "fenced_exits": log.count("exited with 75"),
+            "hang_kills_not_injected": max(0, log.count("killed as hung") - hangs),
+        }
+
     def _summary(self) -> dict[str, Any]:
         _say(f"the oracle: {len(self.sent):,} updates, {len(self.subscriptions)} subscriptions")
         expected: Counter[tuple[str, int]] = Counter()
@@ -496,6 +523,7 @@ class _Run:
                 "unexpected": http_extra.total() - http_duplicated,
             },
             "faults": self.events,
+            "unplanned": self._unplanned(),
             "delivered_per_second": per_second.tolist(),
             "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
         }
