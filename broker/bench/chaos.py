@@ -396,7 +396,8 @@ class _Run:
             victim = self.random.choice([v for v in victims if v.get("name")])
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
-        detected = self._until(lambda: self._failed(victim["name"]), 60)
+        # repaired out, or left out by the scale it was part of (completed without it)
+        detected = self._until(lambda: self._left_out(role, victim["name"]), 60)
         first = _outcome(scale)
         began = time.monotonic()
         while True:  # right after the failure; the supervisor's own scale may run: again
@@ -437,6 +438,16 @@ class _Run:
     def _failed(self, name: str) -> bool:
         configuration = self._configuration()
         return configuration is not None and name in configuration.failed
+
+    def _left_out(self, role: str, name: str) -> bool:
+        """The configuration no longer has ``name`` serve: repaired out (``failed``), or a
+        scale completed without it (and no plan is up)."""
+        configuration = self._configuration()
+        if configuration is None:
+            return False
+        if name in configuration.failed:
+            return True
+        return name not in getattr(configuration, _LAYER[role]) and not self._planned()
 
     def _whole(self, role: str, victim: str) -> bool:
         configuration = self._configuration()

@@ -53,6 +53,7 @@ __all__ = ["AccessPoint"]
 _log = logging.getLogger(__name__)
 
 READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
+UPDATE_WAIT = 5.0  # ... before an update batch is refused (its publisher publishes again)
 RETAIN_LIMIT = 120.0  # seconds a batch is kept for sending again, at most
 SWEEP_EVERY = 5.0  # seconds between looks for batches kept too long
 
@@ -180,7 +181,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         if not count:
             return  # it would take no sequence number: exit points key batches by theirs
         async with self._lock:
-            configuration = await self._routing()
+            configuration = await self._routing(UPDATE_WAIT)
             await self._send_updates(configuration, batch)
             if updates.origin_batch:
                 kept[updates.origin_batch] = _Kept(batch, updates.exit_points[0], time.monotonic())
@@ -243,9 +244,10 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             for name in configuration.matchers:
                 await self._send(name, payload)
 
-    async def _routing(self) -> Configuration:
-        """The configuration to route under now, switched to if new (the lock is held)."""
-        configuration = await self._ready()
+    async def _routing(self, wait: float = READY_WAIT) -> Configuration:
+        """The configuration to route under now, switched to if new (the lock is held);
+        _NotReady after ``wait`` seconds without one."""
+        configuration = await self._ready(wait)
         if configuration.epoch != self._routed_epoch:
             await self._switch(configuration)
         if not self._gatherers:
@@ -318,9 +320,12 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         request = (
             getattr(batch, body).request if body in ("subscriptions", "unsubscriptions") else 0
         )
+        error = pb.Error(code="UNAVAILABLE", message=f"the cluster is not ready: {reason}")
         if request:
-            error = pb.Error(code="UNAVAILABLE", message=f"the cluster is not ready: {reason}")
             replies.put_nowait(wire.RequestAck(request=request, error=error))
+        elif body == "updates" and batch.updates.origin_batch:
+            refused = [batch.updates.origin_batch]
+            replies.put_nowait(wire.RequestAck(error=error, refused_batches=refused))
 
     # -- the scale protocol (docs/protocol.md) ---------------------------------------------
 
@@ -453,8 +458,9 @@ class AccessPoint(wire_grpc.AccessPointServicer):
 
     # -- matchers and exit points ---------------------------------------------------------
 
-    async def _ready(self) -> Configuration:
-        """The current configuration, once its matchers are linked and an exit point lives."""
+    async def _ready(self, wait: float = READY_WAIT) -> Configuration:
+        """The current configuration, once its matchers are linked and an exit point lives
+        (_NotReady after ``wait`` seconds)."""
         assert self._config is not None and self._exits is not None
 
         def ready() -> bool:
@@ -474,7 +480,7 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                     [n for n in current.matchers if not self._linked(n)],
                     sorted(self._matchers.by_name) if self._matchers else [],
                 )
-            waited = await self._config.wait_until(ready, READY_WAIT)
+            waited = await self._config.wait_until(ready, wait)
             if not waited:
                 waited = await self._matchers.wait_until(ready, 0.1) if self._matchers else False
             if not waited:

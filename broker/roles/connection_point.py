@@ -883,6 +883,12 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
 
     def _acknowledged(self, data: bytes) -> None:
         ack = wire.RequestAck.FromString(data)
+        if ack.refused_batches:  # the access point could not route them: publish again
+            reason = f"{ack.error.message}; publish again"
+            self._ctx().metrics.items_out.labels(kind="refused_batch").inc(
+                self._outbox.refuse(ack.refused_batches, reason)
+            )
+            return
         future = self._pending.get(ack.request)
         if future is not None and not future.done():
             future.set_result(ack)

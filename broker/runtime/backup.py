@@ -89,6 +89,18 @@ class Outbox:
                 )
         return len(expired)
 
+    def refuse(self, numbers: Iterable[int], reason: str) -> int:
+        """Batches the access point refused: refuse them to their publishers (and forget
+        them); how many were kept."""
+        found = 0
+        for number in numbers:
+            flight = self._flights.pop(number, None)
+            if flight is not None:
+                found += 1
+                if not flight.done.done():
+                    flight.done.set_exception(Unavailable(reason))
+        return found
+
     def fail_all(self, reason: str) -> None:
         """Refuse every kept batch (the connection point is stopping)."""
         for flight in self._flights.values():

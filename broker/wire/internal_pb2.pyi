@@ -130,14 +130,16 @@ class Completed(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RequestAck(_message.Message):
-    __slots__ = ("request", "ids", "error")
+    __slots__ = ("request", "ids", "error", "refused_batches")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_BATCHES_FIELD_NUMBER: _ClassVar[int]
     request: int
     ids: _containers.RepeatedScalarFieldContainer[str]
     error: _client_pb2.Error
-    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ...) -> None: ...
+    refused_batches: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ..., refused_batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Partial(_message.Message):
     __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles", "origin", "origin_batch", "completer")

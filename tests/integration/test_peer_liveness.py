@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from conftest import StartCluster
@@ -13,6 +14,8 @@ from conftest import StartCluster
 from broker.client import Client
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
+from broker.coordination.membership import members
+from broker.errors import Unavailable
 from broker.model.update import ContextUpdate
 from broker.runtime.options import Role
 from broker.runtime.process import EXIT_FENCED
@@ -55,6 +58,29 @@ def test_a_hung_member_is_declared_dead_by_its_peers_and_fenced_when_it_wakes(
             finally:
                 os.kill(victim.pid, signal.SIGCONT)
             assert child.wait(timeout=30) == EXIT_FENCED  # it woke, found itself fenced
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_updates_no_matcher_can_take_are_refused_within_seconds(
+    start_cluster: StartCluster,
+) -> None:
+    """With its only matcher dead (declared so by its peers), the access point waits 5 s for
+    one and refuses the batch: the publisher hears UNAVAILABLE then, not after the 60 s
+    delivery timeout."""
+    cluster = start_cluster(matchers=1)
+    (matcher,) = cluster.members_of(Role.MATCHER)
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10)
+    try:
+        with Client(cluster.endpoints, timeout=30) as client:
+            client.publish(ContextUpdate.of("Room1", {"t": 1}, entity_type="Room"))
+            os.kill(matcher.pid, signal.SIGKILL)
+            wait_until(lambda: not members(zk, "matcher"), 10, "the matcher declared dead")
+            began = time.monotonic()
+            with pytest.raises(Unavailable, match="not ready"):
+                client.publish(ContextUpdate.of("Room2", {"t": 2}, entity_type="Room"))
+            assert time.monotonic() - began < 20.0
     finally:
         zk.stop()
         zk.close()
