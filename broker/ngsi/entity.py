@@ -16,6 +16,8 @@ order kept), the normalized JSON itself.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +53,8 @@ _FORBIDDEN_IN_VALUES = frozenset("<>\"'=;()")
 _UNRESTRICTED = "TextUnrestricted"
 _ATTRIBUTE_KEYS = frozenset({"type", "value", "metadata"})
 _METADATA_KEYS = frozenset({"type", "value"})
+# An integer outside int64 is published as a float: none holds one past this.
+_LARGEST = int(sys.float_info.max)
 
 
 def check_text(value: Any, what: str) -> None:
@@ -74,6 +78,8 @@ def _typed_value(type_: Any, value: Any, what: str) -> tuple[str, Any]:
         plain = len(value) <= MAX_STRING_LENGTH and (
             type_ == _UNRESTRICTED or _FORBIDDEN_IN_VALUES.isdisjoint(value)
         )
+    elif kind is int and not -_LARGEST <= value <= _LARGEST:
+        raise InvalidValue(f"{what} value is a number past {_LARGEST:.6g}")
     else:
         finite = kind is float and value - value == 0
         plain = value is None or kind is int or kind is bool or finite
@@ -168,10 +174,17 @@ def parse_text_value(text: str) -> Any:
     try:
         number = float(text)
     except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
         raise InvalidValue(
-            f"{text!r} is not a quoted string, true, false, null or a number"
-        ) from None
-    return int(text) if text.lstrip("-").isdigit() else number
+            f"{text[:100]!r} is not a quoted string, true, false, null or a finite number"
+        )
+    if not text.lstrip("-").isdigit():
+        return number
+    try:
+        return int(text)
+    except ValueError:  # past the 4300 digits int() reads (leading zeros count)
+        raise InvalidValue(f"a number of {len(text)} digits is too long") from None
 
 
 def _selected(

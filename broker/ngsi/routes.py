@@ -64,6 +64,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 20
+_MAX_DIGITS = 18  # of a number in a URL or a header (so it fits in 64 bits)
 _ACTIONS = {
     "append": "append",
     "APPEND": "append",
@@ -76,7 +77,11 @@ _ACTIONS = {
     "replace": "replace",
     "REPLACE": "replace",
 }
-_ENTITY = "/v2/entities/{id}"
+# Path parameters take any text but '/': aiohttp's default also refuses '{' and '}', which
+# identifiers may hold.
+_ENTITY = "/v2/entities/{id:[^/]+}"
+_ATTR = "/attrs/{attr:[^/]+}"
+_SUBSCRIPTION = "/v2/subscriptions/{sid:[^/]+}"
 
 
 def add_routes(app: web.Application, front: NgsiFront) -> None:
@@ -89,31 +94,31 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         ("POST", _ENTITY + "/attrs", routes.append_attributes),
         ("PATCH", _ENTITY + "/attrs", routes.update_attributes),
         ("PUT", _ENTITY + "/attrs", routes.replace_attributes),
-        ("PUT", _ENTITY + "/attrs/{attr}", routes.replace_attribute),
-        ("PUT", _ENTITY + "/attrs/{attr}/value", routes.replace_value),
+        ("PUT", _ENTITY + _ATTR, routes.replace_attribute),
+        ("PUT", _ENTITY + _ATTR + "/value", routes.replace_value),
         ("DELETE", _ENTITY, routes.delete_entity),
-        ("DELETE", _ENTITY + "/attrs/{attr}", routes.delete_attribute),
+        ("DELETE", _ENTITY + _ATTR, routes.delete_attribute),
         ("POST", "/v2/op/update", routes.batch_update),
         ("POST", "/v2/op/notify", routes.batch_notify),
         ("POST", "/v2/subscriptions", routes.create_subscription),
         ("GET", "/v2/subscriptions", routes.list_subscriptions),
-        ("GET", "/v2/subscriptions/{sid}", routes.get_subscription),
-        ("PATCH", "/v2/subscriptions/{sid}", routes.patch_subscription),
-        ("DELETE", "/v2/subscriptions/{sid}", routes.delete_subscription),
+        ("GET", _SUBSCRIPTION, routes.get_subscription),
+        ("PATCH", _SUBSCRIPTION, routes.patch_subscription),
+        ("DELETE", _SUBSCRIPTION, routes.delete_subscription),
     ]
     not_served = [
         ("GET", "/v2/entities"),
         ("GET", _ENTITY),
         ("GET", _ENTITY + "/attrs"),
-        ("GET", _ENTITY + "/attrs/{attr}"),
-        ("GET", _ENTITY + "/attrs/{attr}/value"),
+        ("GET", _ENTITY + _ATTR),
+        ("GET", _ENTITY + _ATTR + "/value"),
         ("GET", "/v2/types"),
-        ("GET", "/v2/types/{type}"),
+        ("GET", "/v2/types/{type:[^/]+}"),
         ("GET", "/v2/registrations"),
         ("POST", "/v2/registrations"),
-        ("GET", "/v2/registrations/{rid}"),
-        ("PATCH", "/v2/registrations/{rid}"),
-        ("DELETE", "/v2/registrations/{rid}"),
+        ("GET", "/v2/registrations/{rid:[^/]+}"),
+        ("PATCH", "/v2/registrations/{rid:[^/]+}"),
+        ("DELETE", "/v2/registrations/{rid:[^/]+}"),
         ("POST", "/v2/op/query"),
     ]
     table += [(method, path, routes.not_served) for method, path in not_served]
@@ -276,7 +281,8 @@ class _Routes:
         body = await read_json(request)
         if not isinstance(body, dict) or set(body) - {"actionType", "entities"}:
             raise InvalidUpdate("the payload must be an object of actionType and entities")
-        action = _ACTIONS.get(body.get("actionType"))  # type: ignore[arg-type]
+        action_type = body.get("actionType")
+        action = _ACTIONS.get(action_type) if isinstance(action_type, str) else None
         if action is None:
             raise InvalidUpdate(f"actionType {body.get('actionType')!r} is not known")
         entities = body.get("entities")
@@ -442,7 +448,7 @@ class _Routes:
     async def _forward(self, request: web.Request, address: str) -> web.StreamResponse:
         """Pass a request on to the front that holds the subscription, and its answer back."""
         hops = request.headers.get(HOPS, "0")
-        if not hops.isdigit() or int(hops) >= MAX_HOPS:
+        if not _digits(hops) or int(hops) >= MAX_HOPS:
             raise Unavailable("the subscription is moving between connection points; try again")
         headers = _passed_on(request)
         headers[HOPS] = str(int(hops) + 1)
@@ -490,10 +496,17 @@ def _whole(request: web.Request, name: str, default: int, low: int, high: int | 
     text = request.query.get(name)
     if text is None:
         return default
-    if not text.isdigit() or int(text) < low or (high is not None and int(text) > high):
+    number = int(text) if _digits(text) else -1
+    if number < low or (high is not None and number > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise InvalidInput(f"Bad pagination limit: /{name}/ must be a whole number {bound}")
-    return int(text)
+    return number
+
+
+def _digits(text: str) -> bool:
+    """Whether int() reads ``text`` as a whole number written in ASCII digits (str.isdigit
+    also takes digits int() refuses, such as superscripts; int() refuses over 4300 digits)."""
+    return text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS
 
 
 def _now() -> float:

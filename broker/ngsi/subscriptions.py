@@ -19,6 +19,7 @@ Status transitions (``status``):
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -86,12 +87,16 @@ _NOTIFICATION_READ_ONLY = frozenset(
 _CHANNELS = frozenset({"http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom"})
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_ALTERATIONS: tuple[Alteration, ...] = (Alteration.CREATE, Alteration.CHANGE)
+# the moments a datetime can show (an ISO 8601 offset takes a date past them)
+_FIRST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+_LAST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 
 
 def iso(epoch: float) -> str:
-    """Orion's timestamps: ISO 8601 in UTC with milliseconds."""
-    moment = datetime.fromtimestamp(epoch, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """Orion's timestamps: ISO 8601 in UTC with milliseconds (a moment before year 1 or
+    after year 9999, which ``expires`` may name, is shown as that year's first or last)."""
+    moment = datetime.fromtimestamp(min(max(epoch, _FIRST), _LAST), UTC)
+    return f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
 
 
 def _object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
@@ -325,8 +330,9 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     if status not in ("active", "inactive", "oneshot"):
         raise InvalidSubscription(f"status {status!r} must be active, inactive or oneshot")
     throttling = document.get("throttling", 0)
-    if isinstance(throttling, bool) or not isinstance(throttling, int | float) or throttling < 0:
-        raise InvalidSubscription("throttling must be a number of seconds, not negative")
+    number = isinstance(throttling, int | float) and not isinstance(throttling, bool)
+    if not number or not 0 <= throttling <= sys.float_info.max:  # NaN and 1e400 too
+        raise InvalidSubscription("throttling must be a finite number of seconds, not negative")
     # the matchers' view, validated by the model (q and mq parse, patterns compile)
     Subscription("check", selectors, q=q, mq=mq)
     return Parsed(

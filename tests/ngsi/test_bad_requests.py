@@ -12,6 +12,10 @@ SUBJECT = {"entities": [{"idPattern": ".*"}]}
 HTTP = {"http": {"url": "http://127.0.0.1:9/notify"}}
 
 
+HUGE = b"1" + b"0" * 400  # an integer no float carries
+TEXT = {"Content-Type": "text/plain"}
+
+
 def _sub(**fields: Any) -> dict[str, Any]:
     return {"subject": SUBJECT, "notification": HTTP, **fields}
 
@@ -190,6 +194,15 @@ CASES: list[tuple[str, str, Any, dict[str, str], int, str]] = [
     ("POST", "/v2/registrations", {}, {}, 501, "NotImplemented"),
     ("GET", "/v2/nothing/here", None, {}, 400, "BadRequest"),
     ("DELETE", "/v2/subscriptions", None, {}, 405, "MethodNotAlowed"),
+    # each was a 500 (found by the OpenAPI fuzz run, tests/ngsi/test_openapi.py, or while
+    # describing the API for it)
+    ("POST", "/v2/op/update", {"actionType": {}, "entities": [{"id": "E"}]}, {}, 400, "BadRequest"),
+    ("POST", "/v2/entities", b'{"id": "E", "x": {"value": %s}}' % HUGE, {}, 400, "BadRequest"),
+    ("POST", "/v2/subscriptions", _sub(throttling=10**400), {}, 400, "BadRequest"),
+    ("POST", "/v2/subscriptions", _sub(throttling=float("nan")), {}, 400, "BadRequest"),
+    ("PUT", "/v2/entities/E/attrs/x/value", b"1" * 5000, TEXT, 400, "BadRequest"),
+    ("GET", "/v2/subscriptions?limit=%C2%B2", None, {}, 400, "BadRequest"),  # '²'.isdigit()
+    ("GET", "/v2/subscriptions?offset=" + "9" * 5000, None, {}, 400, "BadRequest"),
 ]
 
 
@@ -263,3 +276,28 @@ def test_already_exists_and_strict_append(front: Front) -> None:
     )
     assert answer.status == 204
     assert front.call("GET", "/v2/").status == 200  # one trailing slash is fine
+
+
+def test_an_expiry_past_the_calendar_still_lists(front: Front) -> None:
+    """An ``expires`` whose offset takes it before year 1 (or after 9999) in UTC made every
+    listing of its tenant a 500 (found by the OpenAPI fuzz run)."""
+    h = {"Fiware-Service": tenant()}
+    for expires in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        answer = front.call("POST", "/v2/subscriptions", _sub(expires=expires), headers=h)
+        assert answer.status == 201, answer
+    answer = front.call("GET", "/v2/subscriptions", headers=h)
+    assert answer.status == 200, answer
+    shown = sorted(s["expires"] for s in answer.body)
+    assert shown == ["0001-01-01T00:00:00.000Z", "9999-12-31T23:59:59.000Z"]
+
+
+def test_an_id_with_braces_is_addressed_by_its_path(front: Front) -> None:
+    """Identifiers may hold '{' and '}'; the routes' path parameters took neither (400
+    "Service not found" for an entity the front had created)."""
+    h = {"Fiware-Service": tenant()}
+    answer = front.call("POST", "/v2/entities", {"id": "a{b}", "x": {"value": 1}}, headers=h)
+    assert answer.status == 201, answer
+    path = "/v2/entities/a%7Bb%7D"
+    assert front.call("PATCH", path + "/attrs", {"x": {"value": 2}}, headers=h).status == 204
+    assert front.call("DELETE", path + "/attrs/x", headers=h).status == 204
+    assert front.call("DELETE", path, headers=h).status == 204

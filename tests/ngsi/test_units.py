@@ -14,7 +14,8 @@ from broker.ngsi.cache import LastValues, Mode
 from broker.ngsi.change import Alteration, Change, read_change, with_change
 from broker.ngsi.entity import parse_entity, parse_text_value, render, to_wire
 from broker.ngsi.errors import NotServed, PartialUpdate, TooManyResults, Unprocessable
-from broker.ngsi.subscriptions import merged, parse_document
+from broker.ngsi.subscriptions import iso, merged, parse_document
+from broker.query.dates import parse_iso8601
 from broker.wire import client_pb2 as pb
 
 
@@ -34,6 +35,14 @@ def test_text_plain_values(text: str, value: Any) -> None:
 def test_text_plain_refuses_bare_words() -> None:
     with pytest.raises(InvalidInput):
         parse_text_value("hello")
+
+
+@pytest.mark.parametrize("text", ["1e400", "nan", "-inf", "1" * 400, "1" * 5000, "0" * 5000 + "1"])
+def test_text_plain_refuses_numbers_json_cannot_carry(text: str) -> None:
+    """400 digits were an integer no float carries (a 500 when published), 5000 more than
+    int() reads (a 500 at once)."""
+    with pytest.raises(InvalidInput):
+        parse_text_value(text)
 
 
 def test_entities_get_orions_defaults() -> None:
@@ -73,6 +82,22 @@ def test_entities_get_orions_defaults() -> None:
 def test_forbidden_characters(body: dict[str, Any]) -> None:
     with pytest.raises(InvalidInput):
         parse_entity(body, key_values=False)
+
+
+@pytest.mark.parametrize(
+    ("body", "key_values"),
+    [
+        ({"id": "E", "x": {"value": 10**400}}, False),
+        ({"id": "E", "x": 10**400}, True),
+        ({"id": "E", "x": {"value": 1, "metadata": {"m": {"value": -(10**309)}}}}, False),
+    ],
+)
+def test_integers_past_any_float(body: dict[str, Any], key_values: bool) -> None:
+    """An integer outside int64 is published as a float; one past the largest float made the
+    publication raise OverflowError (a 500)."""
+    with pytest.raises(InvalidInput, match="number past"):
+        parse_entity(body, key_values=key_values)
+    parse_entity({"id": "E", "x": {"value": 10**300}}, key_values=False)  # a float carries it
 
 
 def test_render_formats_and_filters() -> None:
@@ -241,6 +266,9 @@ def test_subscription_defaults() -> None:
             InvalidInput,
         ),
         ({"description": "x" * 1025}, InvalidInput),
+        ({"throttling": float("nan")}, InvalidInput),
+        ({"throttling": float("inf")}, InvalidInput),
+        ({"throttling": 10**400}, InvalidInput),  # float() of it raised OverflowError
         (
             {"subject": {"entities": [{"id": "a"}], "condition": {"alterationTypes": ["x"]}}},
             InvalidInput,
@@ -250,6 +278,23 @@ def test_subscription_defaults() -> None:
 def test_subscription_refusals(change: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
         parse_document({**BASE, **change}, ALLOW)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "shown"),
+    [
+        (0.0, "1970-01-01T00:00:00.000Z"),
+        (1.5, "1970-01-01T00:00:01.500Z"),
+        (-62135596800.0, "0001-01-01T00:00:00.000Z"),  # %Y wrote "1-01-01"
+        (parse_iso8601("0001-01-01T00:00:00+01:00"), "0001-01-01T00:00:00.000Z"),  # year 0
+        (parse_iso8601("9999-12-31T23:59:59-01:00"), "9999-12-31T23:59:59.000Z"),  # year 10000
+    ],
+)
+def test_timestamps_are_shown_within_the_calendar(epoch: float | None, shown: str) -> None:
+    """An ``expires`` whose offset takes it past year 1 or 9999 is kept; showing it made
+    every GET /v2/subscriptions of its tenant a 500."""
+    assert epoch is not None
+    assert iso(epoch) == shown
 
 
 def test_a_patch_replaces_top_level_fields() -> None:
