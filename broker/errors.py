@@ -13,6 +13,10 @@ The tree::
     │   └── SerializationError  a msgpack payload is corrupt or of an unknown version
     ├── NotFound                the named subscription or entity does not exist (NOT_FOUND, 404)
     ├── AlreadyExists           the id is taken (ALREADY_EXISTS, 422)
+    ├── Unprocessable           a well-formed write that cannot apply (FAILED_PRECONDITION,
+    │                           422 Unprocessable)
+    ├── PartialUpdate           a write that applied only in part (FAILED_PRECONDITION,
+    │                           422 PartialUpdate)
     ├── Unavailable             the cluster cannot serve the request now: no access point,
     │                           no acknowledgement in time (UNAVAILABLE, 503); retry later
     ├── AddressInUse            an address Silbo was told to listen on is taken, or not this
@@ -23,6 +27,11 @@ Foreign exceptions are translated at the boundary where they enter (``raise X(..
 the rest of the code only ever sees these. One table maps each class to its gRPC status, HTTP
 status and NGSI error (:func:`mapping_for`), and back from a status to a class
 (:func:`error_for`, for what arrives in an acknowledgement).
+
+Unprocessable and PartialUpdate are NGSI v2 write outcomes, raised by the HTTP front and the
+context store; they live here so the store need not import the front, and are left out of
+:data:`__all__` (which the ``broker`` package exports whole): :mod:`broker.ngsi.errors` is
+where they are public.
 """
 
 from __future__ import annotations
@@ -104,6 +113,14 @@ class AlreadyExists(SilboError):
     """An object with that id already exists."""
 
 
+class Unprocessable(SilboError):
+    """The request is well formed but cannot apply (e.g. every attribute already exists)."""
+
+
+class PartialUpdate(SilboError):
+    """The request applied to some of what it named, not all."""
+
+
 class Unavailable(SilboError):
     """The cluster cannot serve the request now (a peer is missing or did not answer)."""
 
@@ -137,6 +154,8 @@ _TABLE: dict[type[SilboError], ErrorMapping] = {
     SerializationError: ErrorMapping("INVALID_ARGUMENT", 400, "ParseError"),
     NotFound: ErrorMapping("NOT_FOUND", 404, "NotFound"),
     AlreadyExists: ErrorMapping("ALREADY_EXISTS", 422, "Unprocessable"),
+    Unprocessable: ErrorMapping("FAILED_PRECONDITION", 422, "Unprocessable"),
+    PartialUpdate: ErrorMapping("FAILED_PRECONDITION", 422, "PartialUpdate"),
     Unavailable: ErrorMapping("UNAVAILABLE", 503, "ServiceUnavailable"),
 }
 

@@ -1,1 +1,2 @@
-"""The data model: context updates, subscriptions and the rules for names. Pure: no I/O."""
+"""The data model: context updates, subscriptions, what an update changed (``change``) and
+the rules for names. Pure: no I/O."""

@@ -1,72 +1,27 @@
-"""What an update changed, worked out against the last values, and carried with the entity.
+"""An update's :class:`~broker.model.change.Change`, carried with the published entity.
 
-Orion fires a subscription only on some *alteration types* (ngsi-v2.md section 3): an entity
-created, changed (a value or metadata differs, or ``forcedUpdate``), updated (nothing
-differs) or deleted; and, for a change, only when a ``condition.attrs`` attribute changed.
-The front that takes the update knows this (it holds the last values); the front that sends
-the notification may be another connection point. So the publishing front writes a
-:class:`Change` into the published entity's bytes as a field the wire Entity does not
+The front that takes an update knows what it changed (it holds the last values); the front
+that sends the notification may be another connection point. So the publishing front writes
+the :class:`Change` into the published entity's bytes as a field the wire Entity does not
 declare (number 15): protobuf keeps unknown fields through parsing and serializing, so it
 travels untouched through access points, matchers and exit points, and gRPC clients ignore
 it. An entity without one (a gRPC publisher's) counts as a change of every attribute it
-carries.
+carries. :class:`Alteration` and :class:`Change` are the model's, re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 import msgpack
 
+from broker.model.change import Alteration, Change
 from broker.wire import client_pb2 as pb
 
 __all__ = ["Alteration", "Change", "read_change", "with_change"]
 
 _FIELD = 15
 _TAG = bytes([(_FIELD << 3) | 2])
-
-
-class Alteration(enum.Enum):
-    """Orion's alteration types; the value is the name subscriptions use."""
-
-    CREATE = "entityCreate"
-    CHANGE = "entityChange"
-    UPDATE = "entityUpdate"
-    DELETE = "entityDelete"
-
-
 _CODES = {a: i for i, a in enumerate(Alteration)}
 _BY_CODE = dict(enumerate(Alteration))
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """How one update altered its entity.
-
-    ``changed``: attributes whose value or type changed (or were added or deleted);
-    ``meta_changed``: attributes whose metadata alone changed; ``requested``: attributes the
-    request named; ``correlator``: the request's Fiware-Correlator.
-    """
-
-    alteration: Alteration
-    changed: frozenset[str] = frozenset()
-    meta_changed: frozenset[str] = frozenset()
-    requested: frozenset[str] = frozenset()
-    correlator: str = ""
-
-    def fires(self, condition: Iterable[str], notify_on_metadata: bool) -> bool:
-        """Tell whether a subscription with these condition attributes fires on it."""
-        condition = tuple(condition)
-        if self.alteration is Alteration.DELETE:
-            return True
-        if self.alteration is Alteration.UPDATE:
-            return not condition or any(a in self.requested for a in condition)
-        touched = self.changed | self.meta_changed if notify_on_metadata else self.changed
-        if not touched:
-            return False
-        return not condition or any(a in touched for a in condition)
 
 
 def _varint(n: int) -> bytes:

@@ -11,15 +11,23 @@ Each carries Orion's error name and status code (ngsi-v2.md section 5)::
     ├── UnsupportedMediaType        a body that is neither JSON nor, where allowed, text (415)
     ├── NotAcceptable               an Accept header that excludes JSON (406)
     ├── MethodNotAllowed            a known path with the wrong method (405 MethodNotAlowed)
-    ├── Unprocessable               an operation that cannot apply (422 Unprocessable)
-    ├── PartialUpdate               an operation that applied only in part (422 PartialUpdate)
     ├── TooManyResults              an id without type names several entities (409)
     └── NotServed                   an operation Silbo does not serve (501 NotImplemented)
+
+Unprocessable (422) and PartialUpdate (422), which the context store raises too, are defined
+in :mod:`broker.errors` and re-exported here.
 """
 
 from __future__ import annotations
 
-from broker.errors import ErrorMapping, InvalidInput, SilboError, register_mapping
+from broker.errors import (
+    ErrorMapping,
+    InvalidInput,
+    PartialUpdate,
+    SilboError,
+    Unprocessable,
+    register_mapping,
+)
 
 __all__ = [
     "ContentLengthRequired",
@@ -64,14 +72,6 @@ class MethodNotAllowed(SilboError):
     """The path exists, not with this method."""
 
 
-class Unprocessable(SilboError):
-    """The request is well formed but cannot apply (e.g. every attribute already exists)."""
-
-
-class PartialUpdate(SilboError):
-    """The request applied to some of what it named, not all."""
-
-
 class TooManyResults(SilboError):
     """An entity id given without a type names several entities."""
 
@@ -93,7 +93,5 @@ register_mapping(
 )
 register_mapping(NotAcceptable, ErrorMapping("INVALID_ARGUMENT", 406, "NotAcceptable"))
 register_mapping(MethodNotAllowed, ErrorMapping("UNIMPLEMENTED", 405, "MethodNotAlowed"))
-register_mapping(Unprocessable, ErrorMapping("FAILED_PRECONDITION", 422, "Unprocessable"))
-register_mapping(PartialUpdate, ErrorMapping("FAILED_PRECONDITION", 422, "PartialUpdate"))
 register_mapping(TooManyResults, ErrorMapping("FAILED_PRECONDITION", 409, "TooManyResults"))
 register_mapping(NotServed, ErrorMapping("UNIMPLEMENTED", 501, "NotImplemented"))

@@ -3,5 +3,8 @@
 - ``broker.store.engine``: the embedded key-value storage under a store process (group
   commits);
 - ``broker.store.semantics``: Orion's write semantics on one entity (what a write leaves,
-  what it changed), pure functions.
+  what it changed), pure functions;
+- ``broker.store.operators``: the update operators (``$inc``, ``$push``...) on one value.
+
+docs/context-store.md says what is built and how the rest is designed.
 """
