@@ -9,7 +9,9 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+import pytest
 
+from broker.runtime import liveness
 from broker.runtime.liveness import Prober, Target
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
@@ -79,3 +81,49 @@ def test_a_target_that_never_answered_gets_the_starting_grace() -> None:
         assert reports == []  # still starting, as far as the prober knows
     finally:
         prober.close()
+
+
+def _serve(admin: _Admin) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_a_starved_prober_counts_no_silence_and_two_silent_at_once_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(liveness, "PROBE_INTERVAL", 3600.0)  # rounds driven by the test
+    admins = [_Admin(), _Admin()]
+    served = [_serve(a) for a in admins]
+    targets = [Target(i, "matcher", f"m{i}", address) for i, (_s, address) in enumerate(served)]
+    reports: list[str] = []
+
+    def silent(found: Target, _silent_s: float) -> bool:
+        reports.append(found.name)
+        return True
+
+    alone = Prober(lambda: targets[:1], silent, hang_after=1.0)
+    together = Prober(lambda: targets, silent, hang_after=1.0, one_at_a_time=True)
+    try:
+        alone.probe_once()
+        together.probe_once()  # both answer
+        for admin in admins:
+            admin.hung.set()
+        alone.probe_once()  # one failure
+        time.sleep(2.0)  # the prober starved: the silence so far is not counted
+        alone.probe_once()  # one failure since the clocks restarted
+        assert reports == []
+        alone.probe_once()  # 2 failures in a row, 1.2 s of silence (2 deadlines) since then
+        assert reports == ["m0"]
+        for _ in range(4):
+            together.probe_once()
+        assert reports == ["m0"]  # both silent at once: neither is declared
+    finally:
+        for admin in admins:
+            admin.resumed.set()
+        alone.close()
+        together.close()
+        for server, _address in served:
+            server.stop(0)

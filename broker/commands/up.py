@@ -19,8 +19,8 @@ down`` and ``silbo admin status --state-dir`` read).
   taken back into its layer; the embedded ZooKeeper is restarted on its port and data.
   A process that does not answer its liveness probe for ``--hang-after`` seconds (1.25 by
   default) is killed as hung, and so restarted (broker.cluster.liveness); the processes'
-  own probe (the elected repairer's, broker.runtime.liveness) declares it dead a little
-  later if the supervisor did not act. ``--hang-after 0`` turns both off.
+  own probe (the elected repairer's, broker.runtime.liveness) declares it dead after 4
+  times as long if the supervisor did not act. ``--hang-after 0`` turns both off.
   If the supervisor itself is killed (even by SIGKILL), its children die with it (a
   parent-death signal).
 - With ``--detach`` it starts the same command without ``--detach`` as a daemon (its own
@@ -168,8 +168,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=HANG_AFTER,
         help="seconds a process may leave its liveness probe unanswered before the supervisor "
         f"kills it as hung and restarts it (default {HANG_AFTER:g}); the processes' own probe "
-        f"declares it dead after {PEER_HANG_AFTER:g} s if the supervisor did not act. 0: "
-        "neither; a hung process is then seen when its ZooKeeper session expires",
+        "declares it dead after 4 times as long if the supervisor did not act. 0: neither; a "
+        "hung process is then seen when its ZooKeeper session expires",
     )
     parser.add_argument("--log-level", default="INFO", help="the processes' logging level")
     parser.add_argument(
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             retry_window=args.retry_window,
             spark_offload=args.spark_offload,
             replicas=args.replicas,
-            peer_hang_after=max(PEER_HANG_AFTER, args.hang_after + 0.75) if args.hang_after else 0,
+            peer_hang_after=max(PEER_HANG_AFTER, 4 * args.hang_after) if args.hang_after else 0,
             zk=args.zk,
             cluster=args.cluster,
             state_dir=Path(args.state_dir),

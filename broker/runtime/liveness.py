@@ -18,7 +18,6 @@ deleted: it is repaired out, and fenced when it wakes; :class:`PeerWatch`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -53,6 +52,8 @@ PROBE_INTERVAL = 0.2  # seconds between two rounds of probes
 PROBE_DEADLINE = 0.6  # seconds one probe may take
 HANG_AFTER = 1.25  # seconds without an answer before the supervisor kills a child
 STARTING_GRACE = 30.0  # seconds a target that never answered is given to start serving
+MIN_FAILED = 2  # unanswered probes in a row before a target counts as silent
+STARVED = 0.5  # seconds between two rounds past which the prober was starved: clocks restart
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +73,15 @@ class _Probed:
     answered: float  # monotonic time of the last answer (or of the first look)
     ever: bool = False  # has it answered once?
     reported: bool = False  # on_silent called since the last answer
+    failed: int = 0  # probes unanswered since the last answer
     channel: grpc.Channel | None = None
 
 
 class Prober:
     """Probes ``targets()`` every round; ``on_silent(target, silent_s)`` for a silent one
-    (True once it was dealt with; False to be called again next round)."""
+    (True once it was dealt with; False to be called again next round). With
+    ``one_at_a_time``, a round that finds several silent targets acts on none (a single
+    failure at a time is what a probe can tell from its own isolation)."""
 
     def __init__(
         self,
@@ -86,10 +90,13 @@ class Prober:
         *,
         hang_after: float,
         name: str = "liveness",
+        one_at_a_time: bool = False,
     ) -> None:
         self._targets = targets
         self._on_silent = on_silent
         self._hang_after = hang_after
+        self._one_at_a_time = one_at_a_time
+        self._last_round = 0.0
         self._probed: dict[Hashable, _Probed] = {}
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -109,8 +116,17 @@ class Prober:
                 _log.exception("a liveness probe round failed; trying again")
 
     def probe_once(self) -> None:
-        """One round: ask every target, report the ones silent past ``hang_after``."""
+        """One round: ask every target, report the ones silent past ``hang_after``.
+
+        Silence is counted only while the prober itself runs: after a wait between rounds
+        longer than ``STARVED`` (or half of ``hang_after``; this process was starved, stopped
+        or swapped out) every clock starts again, and a target is silent only after
+        ``MIN_FAILED`` probes in a row went unanswered.
+        """
         now = time.monotonic()
+        if self._last_round and now - self._last_round > max(STARVED, self._hang_after / 2):
+            for late in self._probed.values():
+                late.answered, late.failed = now, 0
         targets = {t.key: t for t in self._targets()}
         self._forget(set(self._probed) - set(targets))  # gone, or replaced
         calls: list[tuple[_Probed, Any]] = []
@@ -127,17 +143,34 @@ class Prober:
             )
             calls.append((probed, call))
         for probed, call in calls:
-            with contextlib.suppress(grpc.RpcError, grpc.FutureTimeoutError):
+            try:
                 call.result()
-                probed.answered = time.monotonic()
-                probed.ever = True
-                probed.reported = False
-        now = time.monotonic()
-        for probed, _call in calls:
-            silent = now - probed.answered
-            if probed.reported or silent < (self._hang_after if probed.ever else STARTING_GRACE):
+            except (grpc.RpcError, grpc.FutureTimeoutError):
+                probed.failed += 1
                 continue
-            probed.reported = self._on_silent(probed.target, silent)
+            probed.answered = time.monotonic()
+            probed.ever, probed.reported, probed.failed = True, False, 0
+        now = time.monotonic()
+        silent = [
+            (probed, now - probed.answered)
+            for probed, _call in calls
+            if not probed.reported
+            and probed.failed >= MIN_FAILED
+            and now - probed.answered >= (self._hang_after if probed.ever else STARTING_GRACE)
+        ]
+        if len(silent) > 1 and self._one_at_a_time:
+            # Two processes hung at the same moment are less likely than this prober cut off
+            # from them (its own host or network): declare neither; their sessions tell.
+            _log.warning(
+                "%d processes look silent at once (%s): not acting on it",
+                len(silent),
+                ", ".join(p.target.name for p, _s in silent),
+            )
+            self._last_round = time.monotonic()
+            return
+        for probed, silence in silent:
+            probed.reported = self._on_silent(probed.target, silence)
+        self._last_round = time.monotonic()
 
     def _forget(self, keys: set[Hashable]) -> None:
         for key in keys:
@@ -151,7 +184,9 @@ class PeerWatch:
     the cluster and declares dead the ones silent past ``hang_after`` seconds: their znodes
     are deleted, the repairer writes the epoch without them, and a hung one that wakes finds
     itself fenced and exits. It works without a supervisor (``silbo run`` under any process
-    manager); with one, the supervisor's probe usually acts first (it kills sooner).
+    manager); with one, the supervisor's probe acts first (it kills sooner). Several members
+    silent at once are not declared (see :class:`Prober`): the repairer's process cut off or
+    starved looks like that, and declaring them would fence healthy processes.
     """
 
     def __init__(
@@ -166,7 +201,11 @@ class PeerWatch:
         self._own_name = own_name
         self._leading = leading
         self._prober = Prober(
-            self._targets, self._silent, hang_after=hang_after, name="peer-liveness"
+            self._targets,
+            self._silent,
+            hang_after=hang_after,
+            name="peer-liveness",
+            one_at_a_time=True,
         )
 
     def close(self) -> None:
