@@ -10,7 +10,8 @@ watchdog thread at the embedded ZooKeeper:
    not after a session timeout, even when the dead process was the elected repairer), and
    a new process
    is started in its slot (same role, number, port and log) after a backoff: 0.5 s, doubled
-   for each restart of the same slot within ``STABLE`` seconds, at most 30 s;
+   for each restart of a slot whose process ran less than ``STABLE`` (10) seconds (a crash
+   loop), at most 30 s;
 2. **the replacement registered**: cluster.json gets its name and address; if its layer is
    one the configuration names (matchers, exit points, access points) and serves fewer
    processes than the layer's size (STATE_DIR/layout.json: the size ``up`` or the last
@@ -64,7 +65,7 @@ _log = logging.getLogger(__name__)
 CHECK_INTERVAL = 0.2  # seconds between two looks at the processes
 FIRST_BACKOFF = 0.5  # seconds before the first restart of a slot
 MAX_BACKOFF = 30.0
-STABLE = 60.0  # a process that ran this long resets its slot's backoff
+STABLE = 10.0  # a process that ran this long resets its slot's backoff (no crash loop)
 SCALE_TIMEOUT = 60.0
 _LAYER_OF = {
     Role.MATCHER: "matchers",
@@ -333,5 +334,6 @@ class Supervisor:
         return self._client
 
     def _say(self, line: str) -> None:
-        print(f"silbo up: {line}", file=self._out, flush=True)
+        now = time.strftime("%H:%M:%S", time.localtime())
+        print(f"silbo up: {now} {line}", file=self._out, flush=True)
         _log.info("%s", line)
