@@ -18,8 +18,9 @@ watchdog thread at the embedded ZooKeeper:
    ``admin scale`` gave it), a scale takes it in (for matchers the snapshot protocol moves
    its share of the subscriptions to it). Scales run one at a time in a thread; one that
    does not complete is tried again at the next check;
-3. **a process hangs** (no answer to the liveness probe for ``hang_after`` seconds, 1.25 by
-   default: broker.cluster.liveness): it is killed, and so replaced as in 1;
+3. **a process hangs** (stopped for ``hang_after`` seconds, 1.25 by default, or its event
+   loop silent 8 times as long: broker.cluster.liveness): it is killed, and so replaced as
+   in 1;
 4. **the embedded ZooKeeper is gone**: it is started again on the same port and data
    directory; clients reconnect, and sessions still within their timeout go on. The
    watchdog is a thread of its own: the checks above wait on ZooKeeper when it is away, and
@@ -159,10 +160,10 @@ class Supervisor:
         self._cluster.restart_zookeeper()
         self._say("the embedded ZooKeeper serves again")
 
-    def _hung(self, entry: dict[str, Any], silent: float) -> None:
+    def _hung(self, entry: dict[str, Any], reason: str) -> None:
         self._say(
-            f"{entry.get('role')} {entry.get('name')} (pid {entry.get('pid')}) did not answer "
-            f"for {silent:.1f} s: killed as hung"
+            f"{entry.get('role')} {entry.get('name')} (pid {entry.get('pid')}) {reason}: "
+            "killed as hung"
         )
 
     # -- dead processes -----------------------------------------------------------------

@@ -17,10 +17,11 @@ down`` and ``silbo admin status --state-dir`` read).
   down``), then stops every process and ZooKeeper and exits 0. It supervises meanwhile
   (broker.cluster.supervisor): a process that dies is reported, restarted with backoff and
   taken back into its layer; the embedded ZooKeeper is restarted on its port and data.
-  A process that does not answer its liveness probe for ``--hang-after`` seconds (1.25 by
-  default) is killed as hung, and so restarted (broker.cluster.liveness); the processes'
-  own probe (the elected repairer's, broker.runtime.liveness) declares it dead after 4
-  times as long if the supervisor did not act. ``--hang-after 0`` turns both off.
+  A process stopped for ``--hang-after`` seconds (1.25 by default), or whose event loop
+  leaves the liveness probe unanswered 8 times as long, is killed as hung, and so restarted
+  (broker.cluster.liveness); the processes' own probe (the elected repairer's,
+  broker.runtime.liveness) declares a silent one dead after 8 times as long too.
+  ``--hang-after 0`` turns both off.
   If the supervisor itself is killed (even by SIGKILL), its children die with it (a
   parent-death signal).
 - With ``--detach`` it starts the same command without ``--detach`` as a daemon (its own
@@ -166,10 +167,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--hang-after",
         type=float,
         default=HANG_AFTER,
-        help="seconds a process may leave its liveness probe unanswered before the supervisor "
-        f"kills it as hung and restarts it (default {HANG_AFTER:g}); the processes' own probe "
-        "declares it dead after 4 times as long if the supervisor did not act. 0: neither; a "
-        "hung process is then seen when its ZooKeeper session expires",
+        help="seconds a process may stay stopped (SIGSTOP) before the supervisor kills it as "
+        f"hung and restarts it (default {HANG_AFTER:g}); its event loop may leave the liveness "
+        "probe unanswered 8 times as long. 0: no such watch; a hung process is then seen when "
+        "its ZooKeeper session expires",
     )
     parser.add_argument("--log-level", default="INFO", help="the processes' logging level")
     parser.add_argument(
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             retry_window=args.retry_window,
             spark_offload=args.spark_offload,
             replicas=args.replicas,
-            peer_hang_after=max(PEER_HANG_AFTER, 4 * args.hang_after) if args.hang_after else 0,
+            peer_hang_after=max(PEER_HANG_AFTER, 8 * args.hang_after) if args.hang_after else 0,
             zk=args.zk,
             cluster=args.cluster,
             state_dir=Path(args.state_dir),

@@ -144,6 +144,14 @@ class Repairer:
         self.repairs: list[Repair] = []
         self.leading = False  # elected now
 
+    def leader(self) -> str | None:
+        """The identifier of the elected repairer (None if nobody is, or ZooKeeper is away)."""
+        try:
+            contenders: list[str] = self._election.contenders()
+        except Exception:  # any ZooKeeper trouble: nobody known
+            return None
+        return contenders[0] if contenders else None
+
     def start(self) -> None:
         """Stand for election (in the background)."""
         self._thread = threading.Thread(target=self._run, name="repairer", daemon=True)

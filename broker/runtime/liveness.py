@@ -29,7 +29,7 @@ import grpc
 from kazoo.client import KazooClient
 
 from broker.coordination.membership import members
-from broker.coordination.repair import declare_dead
+from broker.coordination.repair import declare_dead, repair_once
 from broker.errors import SilboError
 from broker.runtime.options import PEER_HANG_AFTER
 from broker.runtime.token import call_metadata
@@ -52,6 +52,7 @@ PROBE_INTERVAL = 0.2  # seconds between two rounds of probes
 PROBE_DEADLINE = 0.6  # seconds one probe may take
 HANG_AFTER = 1.25  # seconds without an answer before the supervisor kills a child
 STARTING_GRACE = 30.0  # seconds a target that never answered is given to start serving
+LEADER_LOOK = 1.0  # seconds between two reads of who the elected repairer is
 MIN_FAILED = 2  # unanswered probes in a row before a target counts as silent
 STARVED = 0.5  # seconds between two rounds past which the prober was starved: clocks restart
 
@@ -180,26 +181,33 @@ class Prober:
 
 
 class PeerWatch:
-    """While this process is the elected repairer (``leading()``), probes every member of
-    the cluster and declares dead the ones silent past ``hang_after`` seconds: their znodes
-    are deleted, the repairer writes the epoch without them, and a hung one that wakes finds
-    itself fenced and exits. It works without a supervisor (``silbo run`` under any process
-    manager); with one, the supervisor's probe acts first (it kills sooner). Several members
-    silent at once are not declared (see :class:`Prober`): the repairer's process cut off or
-    starved looks like that, and declaring them would fence healthy processes.
+    """The cluster watching itself for hangs (it works without a supervisor: ``silbo run``
+    under any process manager; with one, the supervisor acts first).
+
+    The elected repairer (``leader()`` is this process) probes every other member and
+    declares dead the ones silent past ``hang_after`` seconds: their znodes are deleted, the
+    repair writes the epoch without them, and a hung one that wakes finds itself fenced and
+    exits. Several members silent at once are not declared (see :class:`Prober`): the
+    repairer's own process cut off or starved looks like that. Every other process probes
+    the elected repairer, so that a hung repairer is not left to its session timeout: the
+    first to find it silent declares it dead and repairs the configuration itself (a
+    compare-and-set: several doing it at once is safe); the election goes to another process
+    once the hung one's session ends.
     """
 
     def __init__(
         self,
         client: KazooClient,
         own_name: str,
-        leading: Callable[[], bool],
+        leader: Callable[[], str | None],
         *,
         hang_after: float = PEER_HANG_AFTER,
     ) -> None:
         self._client = client
         self._own_name = own_name
-        self._leading = leading
+        self._leader = leader
+        self._known_leader: str | None = None
+        self._looked = 0.0
         self._prober = Prober(
             self._targets,
             self._silent,
@@ -212,25 +220,37 @@ class PeerWatch:
         """Stop probing."""
         self._prober.close()
 
+    def _current_leader(self) -> str | None:
+        now = time.monotonic()
+        if now - self._looked >= LEADER_LOOK:  # a ZooKeeper read: not every round
+            self._known_leader, self._looked = self._leader(), now
+        return self._known_leader
+
     def _targets(self) -> list[Target]:
-        if not self._leading():
+        leader = self._current_leader()
+        if leader is None:
             return []
         try:
             found = members(self._client)
         except SilboError:
             return []  # ZooKeeper away: no member can be declared dead anyway
-        return [
-            Target(m.name, m.role, m.name, m.address) for m in found if m.name != self._own_name
-        ]
+        if leader == self._own_name:
+            chosen = [m for m in found if m.name != self._own_name]
+        else:
+            chosen = [m for m in found if m.name == leader]
+        return [Target(m.name, m.role, m.name, m.address) for m in chosen]
 
     def _silent(self, target: Target, silent: float) -> bool:
-        if not self._leading():
+        leader = self._current_leader()
+        if leader is None or (leader != self._own_name and target.name != leader):
             return False
         _log.warning(
             "%s %s did not answer for %.1f s: declaring it dead", target.role, target.name, silent
         )
         try:
             declare_dead(self._client, target.role, target.name)
+            if target.name == leader:  # the repairer itself: nobody else would repair now
+                repair_once(self._client)
         except SilboError as exc:
             _log.warning("declaring %s dead failed (%s); trying again", target.name, exc)
             return False

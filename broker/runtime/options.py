@@ -9,7 +9,7 @@ from broker.addresses import parse_address
 from broker.errors import InvalidInput
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
-PEER_HANG_AFTER = 2.0  # seconds without an answer before the repairer declares a member dead
+PEER_HANG_AFTER = 5.0  # seconds without an answer before the repairer declares a member dead
 
 __all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "parse_address"]
 

@@ -214,7 +214,7 @@ async def serve(
         repairer = Repairer(zk, member.name)
         repairer.start()
         peers = (
-            PeerWatch(zk, member.name, lambda: repairer.leading, hang_after=options.peer_hang_after)
+            PeerWatch(zk, member.name, repairer.leader, hang_after=options.peer_hang_after)
             if options.peer_hang_after > 0
             else None
         )

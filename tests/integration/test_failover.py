@@ -206,8 +206,8 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
             configuration = up.configuration()
             return victim["name"] in configuration.failed
 
-        # a hang is seen by the liveness probe (1.25 s); without it, when its ZooKeeper session
-        # expires (10 s)
+        # a hang is seen by the supervisor (stopped 1.25 s); without it, when its ZooKeeper
+        # session expires (10 s)
         wait_until(repaired, 15 if fault != "fence" else 30, f"a repair without {victim['name']}")
         repair_s = time.monotonic() - killed
         if fault == "hang":
@@ -255,7 +255,7 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
         assert all(received[key] == 1 for key in tail), "recent updates were lost"
         assert f"{role} restarted" in up.err.read_text()
         if fault == "hang":
-            assert f"(pid {victim['pid']}) did not answer" in up.err.read_text()
+            assert f"(pid {victim['pid']}) stopped for" in up.err.read_text()
         if fault == "fence":
             assert f"{role} (pid {victim['pid']}) exited with 75" in up.err.read_text()
     finally:

@@ -30,7 +30,8 @@ _LAYER = {Role.ACCESS_POINT: "access_points", Role.EXIT_POINT: "exit_points"}
 def test_a_hung_member_is_declared_dead_by_its_peers_and_fenced_when_it_wakes(
     start_cluster: StartCluster, role: Role
 ) -> None:
-    cluster = start_cluster(matchers=2, access_points=2, exit_points=2)
+    # a short limit (the default is 5 s), so that the peers act well before the session ends
+    cluster = start_cluster(matchers=2, access_points=2, exit_points=2, peer_hang_after=2.0)
     victim = cluster.members_of(role)[-1]
     child = cluster.child(victim.pid)
     assert child is not None
@@ -48,7 +49,7 @@ def test_a_hung_member_is_declared_dead_by_its_peers_and_fenced_when_it_wakes(
                     return current is not None and victim.name in current.configuration.failed
 
                 # the peers' probe: 2 s of silence, then the repair (the session: 10 s)
-                wait_until(repaired, 7, f"a repair without the hung {victim.name}")
+                wait_until(repaired, 8, f"a repair without the hung {victim.name}")
                 configuration = ClusterConfiguration(zk).read()
                 assert configuration is not None
                 serving = getattr(configuration.configuration, _LAYER.get(role, "matchers"))
@@ -69,7 +70,7 @@ def test_updates_no_matcher_can_take_are_refused_within_seconds(
     """With its only matcher dead (declared so by its peers), the access point waits 5 s for
     one and refuses the batch: the publisher hears UNAVAILABLE then, not after the 60 s
     delivery timeout."""
-    cluster = start_cluster(matchers=1)
+    cluster = start_cluster(matchers=1, peer_hang_after=2.0)
     (matcher,) = cluster.members_of(Role.MATCHER)
     zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10)
     try:
