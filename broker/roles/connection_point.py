@@ -2,8 +2,10 @@
 
 Publishers stream batches of entities (``ConnectionPoint.Publish``): each batch is validated
 whole (an invalid entity refuses the batch with INVALID_ARGUMENT in its ack, and the stream
-stays up), normalised, and forwarded to this connection point's access point as one
-``Updates`` message. Subscribers hold a ``Session`` stream: their (un)subscriptions travel
+stays up; so does a batch the internal links could not carry: too many entities or bytes, a
+publisher name too long, sequences past 2**64 - 1), normalised, and forwarded to this
+connection point's access point as one ``Updates`` message. An empty batch is accepted at
+once (nothing to deliver). Subscribers hold a ``Session`` stream: their (un)subscriptions travel
 to the access point, and are acknowledged once the owner matcher holds them; notifications
 arrive from the exit points (``Delivery.Deliver``) addressed by subscription handle and are
 put on the session's stream. A session ending (the client went away) unsubscribes all its
@@ -60,7 +62,7 @@ from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
 from broker.runtime.answers import answered
 from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
-from broker.runtime.link import Link, LinkState
+from broker.runtime.link import MAX_MESSAGE, Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.serialization import pack_subscription, packb
@@ -71,11 +73,22 @@ from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.convert import normalize_entity, subscription_from_spec
 from broker.wire.streams import ROUTE
 
-__all__ = ["MAX_BATCH_ENTITIES", "ConnectionPoint"]
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_ENTITIES",
+    "MAX_PUBLISHER_LENGTH",
+    "MAX_ROUTED_BYTES",
+    "ConnectionPoint",
+]
 
 _log = logging.getLogger(__name__)
 
 MAX_BATCH_ENTITIES = 10_000
+MAX_BATCH_BYTES = 16 << 20  # a publish request; the form sent on is up to ~3.5 times larger
+MAX_PUBLISHER_LENGTH = 256  # characters: the name travels beside every update of a batch
+# What one client request may become on the internal links (they carry MAX_MESSAGE at most,
+# and a message too large for them fails the link for every client): room to spare.
+MAX_ROUTED_BYTES = MAX_MESSAGE // 2
 SESSION_QUEUE = 4096  # notification batches waiting for one slow subscriber
 ACCESS_POINT_WAIT = 5.0  # seconds to wait for an access point before refusing
 REQUEST_TIMEOUT = 30.0
@@ -84,6 +97,7 @@ PLACE_AGAIN_RETRY = 1.0  # seconds before a chunk that failed is tried again
 PLACE_AGAIN_PATIENCE = 120.0  # seconds a chunk is tried for
 FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (logged)
 LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
+_MAX_SEQUENCE = (1 << 64) - 1  # Updates.sequences are uint64
 _M = TypeVar("_M", bound=Message)
 
 
@@ -106,6 +120,7 @@ class _Session:
     failure: str = ""
     code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
     movable: bool = True  # a client's (it can be handed over), not the HTTP front's own
+    moved: bool = False  # sent a Moved event: a Release may follow (and only then)
 
 
 class _Malformed:
@@ -134,6 +149,16 @@ def _serialize(message: Message) -> bytes:
 
 def _error(exc: SilboError) -> pb.Error:
     return pb.Error(code=mapping_for(exc).grpc_status, message=str(exc))
+
+
+def _routable(batch: wire.Batch, advice: str) -> bytes:
+    """The bytes of a batch made from one client request, if the links can carry them."""
+    data = batch.SerializeToString()
+    if len(data) > MAX_ROUTED_BYTES:
+        raise InvalidInput(
+            f"the request is {len(data)} bytes once routed; at most {MAX_ROUTED_BYTES}: {advice}"
+        )
+    return data
 
 
 class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryServicer):
@@ -278,6 +303,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 except SilboError as exc:
                     acks.put_nowait(pb.PublishAck(batch=request.batch, error=_error(exc)))
                     continue
+                except Exception as exc:  # a bug must cost one batch, never the whole stream
+                    _log.exception("publish batch %d failed", request.batch)
+                    error = pb.Error(code="INTERNAL", message=f"the batch failed: {exc!r}")
+                    acks.put_nowait(pb.PublishAck(batch=request.batch, error=error))
+                    continue
                 count = len(request.entities)
                 received.inc(count)
                 ctx.metrics.batch_size.labels(stream="Publish").observe(count)
@@ -295,6 +325,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> asyncio.Future[int]:
         """Send a publisher's batch on toward the matchers, kept in the outbox; the future
         gives its count once it is delivered (Unavailable if it never is)."""
+        if not request.entities:  # nothing to deliver: delivered now
+            empty: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            empty.set_result(0)
+            return empty
         number = self._outbox.number()
         payload, count = self._updates(request, publisher, number)
         link = await self._access_point()
@@ -339,6 +373,23 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             raise InvalidUpdate(
                 f"a batch holds at most {MAX_BATCH_ENTITIES} entities, this one {count}"
             )
+        size = request.ByteSize()
+        if size > MAX_BATCH_BYTES:
+            raise InvalidUpdate(
+                f"a batch is at most {MAX_BATCH_BYTES} bytes, this one {size}; "
+                "publish smaller batches"
+            )
+        if len(request.publisher) > MAX_PUBLISHER_LENGTH:
+            raise InvalidUpdate(
+                f"publisher is {len(request.publisher)} characters long; "
+                f"at most {MAX_PUBLISHER_LENGTH}"
+            )
+        first = request.first_sequence
+        if count and first + count - 1 > _MAX_SEQUENCE:
+            raise InvalidUpdate(
+                f"the sequences of a batch of {count} from first_sequence {first} pass "
+                f"{_MAX_SEQUENCE}, the largest a uint64 holds"
+            )
         publisher = request.publisher or default_publisher
         objs = []
         for i, entity in enumerate(request.entities):
@@ -346,7 +397,6 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 objs.append(normalize_entity(entity))
             except InvalidInput as exc:
                 raise InvalidUpdate(f"entity {i} ({entity.id!r}): {exc}") from exc
-        first = request.first_sequence
         updates = wire.Updates(
             entities=[entity.SerializeToString() for entity in request.entities],
             publishers=[publisher] * count,
@@ -355,7 +405,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             origin=self._number if number else 0,
             origin_batch=number,
         )
-        return wire.Batch(updates=updates).SerializeToString(), count
+        return _routable(wire.Batch(updates=updates), "publish smaller batches"), count
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -387,7 +437,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> None:
         try:
             async for request in request_iterator:
-                if not isinstance(request, _Malformed) and request.WhichOneof("op") == "release":
+                if (
+                    session.moved
+                    and not isinstance(request, _Malformed)
+                    and request.WhichOneof("op") == "release"
+                ):
                     self._spawn(self._release(session))
                     continue
                 ack = await self._serve(session, request)
@@ -406,6 +460,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 return await self._subscribe(session, request.request, request.subscribe)
             if op == "unsubscribe":
                 return await self._unsubscribe(session, request.request, request.unsubscribe)
+            if op == "release":  # its subscriptions would be nobody's, never unsubscribed
+                raise InvalidInput("release answers a Moved event; this session was not moved")
             raise InvalidInput("a session request needs subscribe or unsubscribe")
         except SilboError as exc:
             return pb.SessionAck(request=request.request, error=_error(exc))
@@ -484,10 +540,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         assert callable(build)
         link = await self._access_point()
         number = next(self._requests)
+        data = _routable(build(number), "send fewer subscriptions at a time")
         future: asyncio.Future[wire.RequestAck] = asyncio.get_running_loop().create_future()
         self._pending[number] = future
         try:
-            if not await link.send(build(number).SerializeToString()):
+            if not await link.send(data):
                 raise Unavailable("the access point went away; try again")
             return await asyncio.wait_for(future, REQUEST_TIMEOUT)
         except TimeoutError:
@@ -863,6 +920,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     def _send_moved(self, session: _Session) -> None:
         target = self._successor(session.number)
         moved = pb.Moved(address=target.endpoint, connection_point=target.name)
+        session.moved = True
         try:
             session.events.put_nowait(wire.SessionEventOut(moved=moved))
         except asyncio.QueueFull:

@@ -21,6 +21,7 @@ from broker.errors import InvalidInput, InvalidUpdate, InvalidValue
 from broker.model.attribute import (
     DATE_TYPES,
     MAX_STRING_LENGTH,
+    MAX_VALUE_DEPTH,
     Attribute,
     Metadata,
     check_value,
@@ -82,6 +83,8 @@ def value_from_wire(value: pb.Value, what: str = "value") -> Any:
             decoded = json.loads(value.json)
         except ValueError as exc:
             raise InvalidValue(f"{what} is not valid JSON: {exc}") from exc
+        except RecursionError as exc:  # nested past what the decoder's stack allows
+            raise InvalidValue(f"{what} is nested deeper than {MAX_VALUE_DEPTH} levels") from exc
         if not isinstance(decoded, list | dict):
             raise InvalidValue(f"{what}: the json kind holds objects and arrays only")
         return decoded

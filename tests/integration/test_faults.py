@@ -4,7 +4,9 @@
   client) and a message naming the problem; the refusing stream stays up, and a refused
   batch or subscribe request changes nothing (all or nothing).
 - Bytes that are no protobuf message at all get an INVALID_ARGUMENT answer on the stream,
-  which stays up.
+  which stays up; so do batches the cluster cannot carry (sequences past 2**64 - 1, a
+  publisher name or a batch too large), and an empty batch is accepted at once. A Release
+  that follows no Moved event is refused: the session's subscriptions stay its own.
 - A subscriber killed with SIGKILL mid-stream costs the others nothing, and its
   subscriptions are removed from the matchers; so are those of a client that closes while
   it publishes.
@@ -81,6 +83,14 @@ BAD_ENTITIES = [
         "JSON that does not parse",
         pb.Entity(id="Room1", attributes=[_attribute("t", pb.Value(json="{oops"))]),
         "not valid JSON",
+    ),
+    (
+        "JSON nested past what the decoder can take",
+        pb.Entity(
+            id="Room1",
+            attributes=[_attribute("t", pb.Value(json="[" * 100_000 + "]" * 100_000))],
+        ),
+        "nested deeper",
     ),
     (
         "a date that is not one",
@@ -316,6 +326,81 @@ def test_malformed_bytes_get_invalid_argument_and_the_streams_stay_up(
         ]
     finally:
         recorder.close()
+
+
+def _batch(publisher: str, first: int, count: int, text: str = "") -> pb.PublishRequest:
+    request = pb.PublishRequest(batch=first, publisher=publisher, first_sequence=first)
+    for i in range(count):
+        entity = request.entities.add(id=f"Room{i}", type="Room")
+        if text:
+            entity.attributes.add(name="note", value=pb.Value(text=text))
+    return request
+
+
+# (what is wrong, the batch, a fragment of the refusal); found by tests/integration/
+# test_grpc_fuzz.py: the first killed the connection point (a 1 GB internal message, sent
+# again and again), the second ended the publish stream without an answer
+UNROUTABLE = [
+    (
+        "a 100,000-character publisher on 10,000 updates",
+        _batch("p" * 100_000, 1, 10_000),
+        "publisher is 100000 characters long",
+    ),
+    ("sequences past 2**64 - 1", _batch("raw", (1 << 64) - 1, 2), "first_sequence"),
+    ("17 MB of updates", _batch("raw", 1, 17, "x" * (1 << 20)), "publish smaller batches"),
+]
+
+
+def test_batches_the_cluster_cannot_carry_are_refused_and_the_stream_stays_up(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(matchers=1)
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        publish = RawStream(channel, "/broker.wire.ConnectionPoint/Publish")
+        for what, request, fragment in UNROUTABLE:
+            publish.send(request.SerializeToString())
+            ack = pb.PublishAck.FromString(publish.receive())
+            assert (ack.batch, ack.accepted, ack.error.code) == (
+                request.batch,
+                0,
+                "INVALID_ARGUMENT",
+            ), what
+            assert fragment in ack.error.message, ack.error.message
+        # an empty batch has nothing to deliver: accepted at once (it waited 60 s, refused)
+        publish.send(pb.PublishRequest(batch=5, publisher="raw").SerializeToString())
+        ack = pb.PublishAck.FromString(publish.receive(timeout=5.0))
+        assert (ack.batch, ack.accepted, ack.error.code) == (5, 0, "")
+        publish.send(_good_request(7))
+        ack = pb.PublishAck.FromString(publish.receive())
+        assert (ack.batch, ack.accepted, ack.error.code) == (7, 1, "")
+        publish.close()
+    assert not cluster.poll(), "a broker process died"
+
+
+def test_a_release_without_a_move_is_refused_and_leaks_nothing(
+    start_cluster: StartCluster,
+) -> None:
+    # A Release hands a session's subscriptions to whoever took them over after a Moved
+    # event; without one, they were nobody's and stayed on the matchers for good (found by
+    # tests/integration/test_grpc_fuzz.py).
+    cluster = start_cluster(matchers=1)
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        session = RawStream(channel, "/broker.wire.ConnectionPoint/Session")
+        subscribe = pb.SessionRequest(request=1)
+        subscribe.subscribe.subscriptions.add(id="kept").entities.add(id_pattern=".*")
+        session.send(subscribe.SerializeToString())
+        assert list(pb.SessionEvent.FromString(session.receive()).ack.ids) == ["kept"]
+        session.send(pb.SessionRequest(request=2, release=pb.Release()).SerializeToString())
+        ack = pb.SessionEvent.FromString(session.receive()).ack
+        assert (ack.request, ack.error.code) == (2, "INVALID_ARGUMENT")
+        assert "Moved" in ack.error.message, ack.error.message
+        assert subscriptions_held(cluster) == held_by({"kept"}, copies=1)
+        session.close()
+        wait_until(
+            lambda: subscriptions_held(cluster) == held_by(set(), copies=1),
+            10,
+            "the ended session's subscription is removed",
+        )
 
 
 def _marker_request(sequence: int) -> bytes:

@@ -66,6 +66,10 @@ def test_values_round_trip(value: object) -> None:
     assert back == value and type(back) is type(value)
 
 
+# JSON nested past what json.loads can decode (RecursionError, not ValueError)
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
 def _entity(**fields: object) -> pb.Entity:
     entity = pb.Entity(id="Room1", type="Room")
     for key, value in fields.items():
@@ -90,6 +94,13 @@ def _entity(**fields: object) -> pb.Entity:
         (lambda e: e.attributes.add(name="j", value=pb.Value(json="{bad")), "JSON"),
         (lambda e: e.attributes.add(name="j", value=pb.Value(json="3")), "objects and arrays"),
         (lambda e: e.attributes.add(name="n", value=pb.Value(number=float("nan"))), "nan"),
+        (lambda e: e.attributes.add(name="j", value=pb.Value(json=DEEP_JSON)), "nested deeper"),
+        (
+            lambda e: e.attributes.add(
+                name="j", metadata=[pb.Metadata(name="m", value=pb.Value(json=DEEP_JSON))]
+            ),
+            "nested deeper",
+        ),
     ],
 )
 def test_the_check_refuses_what_the_model_refuses(mutate: object, message: str) -> None:
