@@ -18,6 +18,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench ngsi                broker.bench.ngsi
     silbo bench spark               broker.bench.spark
     silbo bench chaos               broker.bench.chaos
+    silbo bench storage             broker.bench.storage
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from broker import __version__, demo, demo_cluster
-from broker.bench import chaos, e2e, match, ngsi, scale, spark
+from broker.bench import chaos, e2e, match, ngsi, scale, spark, storage
 from broker.commands import admin, down, publish, replay, run, subscribe, up
 from broker.errors import MissingExtra
 
@@ -61,6 +62,7 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("ngsi", "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP", ngsi.configure),
     ("spark", "the Spark matcher against the in-process engine, same input", spark.configure),
     ("chaos", "faults injected into a cluster under load, checked by an oracle", chaos.configure),
+    ("storage", "the context store's engines: durable writes, reads, size", storage.configure),
 )
 
 
