@@ -240,7 +240,7 @@ async def serve(
         _log.info("%s %s stopping", options.role.value, member.name)
         del watch_own
         if peers is not None:
-            peers.close()
+            await asyncio.to_thread(peers.close)  # it waits for a probe round: not on the loop
         repairer.stop()
         await asyncio.to_thread(membership.leave)
         await role.stop()
