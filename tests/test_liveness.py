@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -21,21 +22,31 @@ class _Admin(wire_grpc.AdminServicer):
     def __init__(self) -> None:
         self.hung = threading.Event()
         self.resumed = threading.Event()
+        self.calls = 0  # probes received
+        self.answered = 0  # probes answered while not hung
 
     def Status(self, request: wire.StatusRequest, context: Any) -> wire.ProcessStatus:
+        self.calls += 1
         if self.hung.is_set():
             self.resumed.wait(5)
+        else:
+            self.answered += 1
         return wire.ProcessStatus(name="target")
+
+
+def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds (AssertionError after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.02)
 
 
 def test_a_silent_target_is_reported_once_after_hang_after_and_again_after_answering() -> None:
     admin = _Admin()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-    wire_grpc.add_AdminServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, address = _serve(admin)
     reports: list[tuple[str, float, float]] = []
-    target = Target("t", "matcher", "target", f"127.0.0.1:{port}")
+    target = Target("t", "matcher", "target", address)
     hung_at = [0.0]
 
     def silent(found: Target, silent_s: float) -> bool:
@@ -44,22 +55,25 @@ def test_a_silent_target_is_reported_once_after_hang_after_and_again_after_answe
 
     prober = Prober(lambda: [target], silent, hang_after=1.0)
     try:
-        time.sleep(1.5)
+        _until(lambda: admin.answered >= 8)  # over 1.5 s of rounds
         assert reports == []  # answering: never reported
         hung_at[0] = time.monotonic()
         admin.resumed.clear()
         admin.hung.set()
-        time.sleep(3.0)
-        assert len(reports) == 1, reports  # once, however long it stays silent
+        _until(lambda: len(reports) >= 1)
         _name, silent_s, after = reports[0]
         assert silent_s >= 1.0 and after < 3.0  # after hang_after, within a probe round or so
+        calls = admin.calls
+        _until(lambda: admin.calls >= calls + 3)  # more silent rounds
+        assert len(reports) == 1, reports  # once, however long it stays silent
         admin.hung.clear()
         admin.resumed.set()
-        time.sleep(1.0)  # it answers again
+        answered = admin.answered
+        _until(lambda: admin.answered > answered)  # it answers again
         hung_at[0] = time.monotonic()
         admin.resumed.clear()
         admin.hung.set()
-        time.sleep(2.5)
+        _until(lambda: len(reports) >= 2)
         assert len(reports) == 2, reports  # a new silence is a new report
     finally:
         admin.resumed.set()
@@ -77,7 +91,7 @@ def test_a_target_that_never_answered_gets_the_starting_grace() -> None:
 
     prober = Prober(lambda: [nowhere], silent, hang_after=0.5)
     try:
-        time.sleep(2.0)
+        time.sleep(2.0)  # 4 times hang_after, with nobody answering
         assert reports == []  # still starting, as far as the prober knows
     finally:
         prober.close()

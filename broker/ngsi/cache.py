@@ -14,7 +14,6 @@ does not exist for this front: see docs/ngsi.md.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -23,26 +22,13 @@ from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.ngsi.change import Alteration, Change
 from broker.ngsi.entity import Attributes
 from broker.ngsi.errors import PartialUpdate, TooManyResults, Unprocessable
+from broker.store.semantics import Mode  # what an update operation does: one enum for both
 
 __all__ = ["DEFAULT_LIMIT", "Key", "LastValues", "Mode", "Outcome"]
 
 DEFAULT_LIMIT = 100_000
 
 Key = tuple[str, str, str, str]  # tenant, service path, entity id, entity type
-
-
-class Mode(enum.Enum):
-    """What an update operation does (Orion's routes and batch action types)."""
-
-    CREATE = "create"  # POST /v2/entities
-    UPSERT = "upsert"  # POST /v2/entities?options=upsert; batch append
-    APPEND = "append"  # POST .../attrs: update or append
-    APPEND_STRICT = "appendStrict"  # POST .../attrs?options=append
-    UPDATE = "update"  # PATCH .../attrs: existing attributes only
-    REPLACE = "replace"  # PUT .../attrs: all attributes replaced
-    REPLACE_ATTRIBUTE = "replaceAttribute"  # PUT .../attrs/{a}[/value]
-    DELETE_ATTRIBUTES = "deleteAttributes"  # DELETE .../attrs/{a}; batch delete with attrs
-    DELETE_ENTITY = "deleteEntity"  # DELETE /v2/entities/{id}; batch delete without attrs
 
 
 @dataclass(frozen=True, slots=True)

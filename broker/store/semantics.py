@@ -128,7 +128,7 @@ _NO_ATTRIBUTE = "The entity does not have such an attribute"
 
 
 class Mode(enum.Enum):
-    """What a write does; the values of :class:`broker.ngsi.cache.Mode` (``Mode(m.value)``)."""
+    """What a write does (Orion's routes and batch action types; the HTTP front's too)."""
 
     CREATE = "create"  # POST /v2/entities
     UPSERT = "upsert"  # POST /v2/entities?options=upsert; batch append
