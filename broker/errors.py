@@ -191,3 +191,20 @@ def error_for(code: str, message: str, default: type[SilboError] = SilboError) -
     """The error a gRPC status name in an acknowledgement stands for (``default`` for the
     others): the one place a status turns back into an exception."""
     return _BY_STATUS.get(code, default)(message)
+
+
+# -- read errors of the context store (broker.store.query), kept out of __all__ like
+# Unprocessable: the NGSI v2 front is where they are public.
+
+
+class AmbiguousEntity(SilboError):
+    """An entity id given without a type names several entities (NGSI 409 TooManyResults)."""
+
+
+class NotSupportedQuery(SilboError):
+    """A query Silbo cannot resolve, such as a geographical one (NGSI 422 NotSupportedQuery,
+    what Orion's API names for a geographical query an implementation cannot resolve)."""
+
+
+register_mapping(AmbiguousEntity, ErrorMapping("FAILED_PRECONDITION", 409, "TooManyResults"))
+register_mapping(NotSupportedQuery, ErrorMapping("UNIMPLEMENTED", 422, "NotSupportedQuery"))

@@ -30,17 +30,17 @@ One run:
    front is known;
 4. waits at most ``--drain`` seconds for the notifications still queued, then checks them.
 
-The check: the bench replays what each client had accepted through the front's own cache
-code (:class:`broker.ngsi.cache.LastValues`: the whole entity after each reading, and
-whether it changed), matches the whole entities that changed with the in-process engine
-(property-tested against the reference matcher) on the same subscriptions, and compares
-the (subscription, request, station) triples with those received: ``unexpected`` (received,
-not expected, or more often than expected) should be 0; ``missing`` counts expected ones
-not received, dropped by the front's queue bounds (``dropped``: what the subscriptions
-count in ``droppedNotifications``) or still queued at the end (its notification worker
-sends at most 128 at a time, and keeps at most 1,000 queued per subscription and 100,000 in
-all). Contents of the
-notifications (attribute values, headers) are not checked here: tests/ngsi does that.
+The check: the bench replays what each client had accepted through the store's own code
+(:class:`broker.store.entities.Entities` in memory, Orion's write semantics: the whole
+entity after each reading, and whether it changed), matches the whole entities that changed
+with the in-process engine (property-tested against the reference matcher) on the same
+subscriptions, and compares the (subscription, request, station) triples with those
+received: ``unexpected`` (received, not expected, or more often than expected) should be 0;
+``missing`` counts expected ones not received, dropped by the front's queue bounds
+(``dropped``: what the subscriptions count in ``droppedNotifications``) or still queued at
+the end (its notification worker sends at most 128 at a time, and keeps at most 1,000 queued
+per subscription and 100,000 in all). Contents of the notifications (attribute values,
+headers) are not checked here: tests/ngsi does that.
 
 Reported: ``updates_per_s`` (readings in 2xx answers / publishing time), ``requests_per_s``,
 ``errors`` by status, ``p50_ms`` / ``p99_ms`` request latency, ``notifications_per_s``
@@ -79,10 +79,12 @@ from broker.cluster import ClusterSpec, LocalCluster
 from broker.matching import Engine
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
-from broker.ngsi.cache import LastValues, Mode
 from broker.ngsi.change import Alteration
 from broker.ngsi.entity import Attributes, parse_attributes, to_wire
 from broker.ngsi.http_client import HttpClient, Target, TransportError
+from broker.store.entities import Entities, MemoryEngine
+from broker.store.semantics import Mode
+from broker.store.wire import Intent
 from broker.wire.convert import trusted_update
 
 __all__ = ["NgsiReport", "configure", "run", "run_once"]
@@ -540,7 +542,7 @@ def _expected(
     batch: int,
 ) -> npt.NDArray[np.int64]:
     """Every notification key the accepted requests should have caused (sorted)."""
-    cache = LastValues(limit=10 * STATIONS)
+    cache = Entities(MemoryEngine())
     key_of: dict[str, tuple[str, str, str, str]] = {}
     for update in pool:  # the provisioned stations: their names only
         key = ("", update.service_path, update.entity_id, IOT_TYPE)
@@ -548,8 +550,7 @@ def _expected(
         name = parse_attributes(
             {"stationName": _attribute_json(update, "stationName")}, key_values=False
         )
-        if cache.get(key) is None:
-            cache.apply(key, Mode.UPSERT, name)
+        cache.apply_now([Intent(Mode.UPSERT, key[2], key[3], key[1], key[0], name)])
     parsed: dict[int, Attributes] = {}
     mode = Mode.APPEND if batch == 1 else Mode.UPSERT
     changed: list[ContextUpdate] = []
@@ -565,10 +566,13 @@ def _expected(
                     body = {name: _attribute_json(update, name) for name in update.attributes}
                     attributes = parsed[k] = parse_attributes(body, key_values=False)
                 key = key_of[update.entity_id]
-                outcome = cache.apply(key, mode, attributes)
-                if outcome.change.alteration not in _FIRES:
+                (outcome,) = cache.apply_now(
+                    [Intent(mode, key[2], key[3], key[1], key[0], attributes)]
+                )
+                if outcome.change is None or outcome.change.alteration not in _FIRES:
                     continue
-                entity = to_wire(key[2], key[3], "madrid", key[1], outcome.attributes)
+                assert outcome.document is not None
+                entity = to_wire(key[2], key[3], "madrid", key[1], outcome.document.attributes)
                 changed.append(trusted_update(entity))
                 bases.append(((rid << _STATION_BITS) + _station(key[2])) << _POSITION_BITS)
     engine = Engine(subscriptions)

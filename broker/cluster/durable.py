@@ -35,6 +35,7 @@ from broker.coordination.errors import translated
 __all__ = [
     "LAYERS",
     "LAYOUT_FILE",
+    "STORES",
     "clear_previous_run",
     "layout_of",
     "purge",
@@ -45,15 +46,17 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 LAYOUT_FILE = "layout.json"
-LAYERS = ("matchers", "access_points", "exit_points", "connection_points")
+STORES = "stores"  # the context stores' directories, one per store id (store-1, store-2...)
+LAYERS = ("matchers", "access_points", "exit_points", "connection_points", "context_stores")
 _LAYER_OF_ROLE = {
     "matcher": "matchers",
     "access-point": "access_points",
     "exit-point": "exit_points",
     "connection-point": "connection_points",
+    "context-store": "context_stores",
 }
 # Where the processes of a run leave ephemeral znodes (relative to the cluster's chroot).
-_EPHEMERAL_PARENTS = ("/ngsi/owners", "/ngsi/fronts")
+_EPHEMERAL_PARENTS = ("/ngsi/owners", "/ngsi/fronts", "/stores")
 _MEMBERS = "/members"
 _SCALE = "/scale"
 
@@ -118,10 +121,11 @@ def clear_previous_run(client: KazooClient) -> int:
 
 
 def purge(state_dir: Path) -> list[Path]:
-    """Remove what a state directory keeps across runs (ZooKeeper's data, the layout); the
-    paths removed. Logs stay. Only for a cluster that is not running."""
+    """Remove what a state directory keeps across runs (ZooKeeper's data, the layout, the
+    context stores' entities); the paths removed. Logs stay. Only for a cluster that is not
+    running."""
     removed = []
-    for path in (state_dir / "zookeeper" / "data", state_dir / LAYOUT_FILE):
+    for path in (state_dir / "zookeeper" / "data", state_dir / LAYOUT_FILE, state_dir / STORES):
         if path.is_dir():
             shutil.rmtree(path)
             removed.append(path)

@@ -59,7 +59,7 @@ from typing import IO, Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from broker.cluster.durable import clear_previous_run, layout_of, purge, write_layout
+from broker.cluster.durable import STORES, clear_previous_run, layout_of, purge, write_layout
 from broker.coordination.client import chroot_of, connect
 from broker.coordination.configuration import (
     CONFIG,
@@ -74,6 +74,7 @@ from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
 from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, Role
+from broker.store.layout import create_store_layout
 
 __all__ = [
     "ClusterBusy",
@@ -113,6 +114,7 @@ class ClusterSpec:
     access_points: int = 1
     exit_points: int = 1
     connection_points: int = 1
+    context_stores: int = 1  # the context store layer (fixed size for now: docs/context-store.md)
     grpc_port: int = 7777  # the first connection point's port; the next ones count up; 0: any
     # NGSI v2 HTTP: the first connection point's port, the next ones count up; 0: any; None: off
     http_port: int | None = None
@@ -138,6 +140,7 @@ class ClusterSpec:
                 "access_points",
                 "exit_points",
                 "connection_points",
+                "context_stores",
                 "replicas",
             )
             if getattr(self, name) < 1
@@ -178,6 +181,7 @@ class ClusterSpec:
     def counts(self) -> dict[Role, int]:
         """Processes per role, in start order."""
         return {
+            Role.CONTEXT_STORE: self.context_stores,
             Role.MATCHER: self.matchers,
             Role.EXIT_POINT: self.exit_points,
             Role.ACCESS_POINT: self.access_points,
@@ -199,6 +203,7 @@ class ChildOptions:
     retry_window: float = DEFAULT_WINDOW
     notify_allow: tuple[str, ...] = ()
     peer_hang_after: float = PEER_HANG_AFTER
+    store_root: str = ""  # context stores: the directory of their directories
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -212,6 +217,7 @@ class ChildOptions:
             spec.retry_window,
             tuple(spec.notify_allow),
             spec.peer_hang_after,
+            str(spec.state_dir.resolve() / STORES),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,6 +231,7 @@ class ChildOptions:
             "retry_window": self.retry_window,
             "notify_allow": list(self.notify_allow),
             "peer_hang_after": self.peer_hang_after,
+            "store_root": self.store_root,
         }
 
     @classmethod
@@ -241,6 +248,9 @@ class ChildOptions:
         extra = ["--log-level", self.log_level, "--peer-hang-after", f"{self.peer_hang_after:g}"]
         if role is Role.MATCHER and self.spark_offload:
             extra += ["--spark-offload", str(self.spark_offload)]
+        if role is Role.CONTEXT_STORE:  # slot n is store n: same id, same directory
+            store = store_id_of(number)
+            extra += ["--store-dir", str(Path(self.store_root) / store), "--store-id", store]
         if role is Role.CONNECTION_POINT and self.http_port is not None:
             http = self.http_port and self.http_port + number - 1
             extra += [
@@ -588,6 +598,7 @@ class LocalCluster:
         try:
             if self.spec.zk is None:  # our own ZooKeeper: every process of its last run is gone
                 clear_previous_run(client)
+            self._check_store_layout(client)
             existing = ClusterConfiguration(client).read()
             if existing is None:
                 return
@@ -607,6 +618,19 @@ class LocalCluster:
                 client.delete(CONFIG)
         finally:
             _close(client)
+
+    def _check_store_layout(self, client: KazooClient) -> None:
+        """Write the store layout of ``context_stores`` stores, or check the kept one has
+        that many (the store layer cannot be scaled yet: docs/context-store.md)."""
+        wanted = [store_id_of(n + 1) for n in range(self.spec.context_stores)]
+        layout = create_store_layout(client, wanted)
+        if list(layout.stores) != wanted:
+            raise ClusterError(
+                f"cluster {self.spec.cluster} keeps its entities in {len(layout.stores)} context "
+                f"stores ({', '.join(layout.stores)}), not {len(wanted)}: start it with "
+                f"--context-stores {len(layout.stores)} (the store layer cannot be resized "
+                "yet), or from nothing with --fresh"
+            )
 
     def _spawn_all(self) -> None:
         port = self.spec.grpc_port
@@ -1021,3 +1045,8 @@ def _port_taken(port: int, detail: str) -> AddressInUse:
         "(0: any free port)",
         port=port,
     )
+
+
+def store_id_of(number: int) -> str:
+    """The store id of context store slot ``number`` (from 1) of a local cluster."""
+    return f"store-{number}"

@@ -45,7 +45,7 @@ from broker.wire import internal_pb2_grpc as wire_grpc
 
 __all__ = ["cluster_address", "configure", "gather_status", "run_init", "run_status"]
 
-LAYERS = ("connection-point", "access-point", "matcher", "exit-point")
+LAYERS = ("connection-point", "access-point", "matcher", "exit-point", "context-store")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """``silbo run ROLE``: run one broker process in the foreground (what compose/ uses).
 
-    silbo run connection-point|access-point|matcher|exit-point --zk HOST:PORT[,...]
+    silbo run connection-point|access-point|matcher|exit-point|context-store --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--internal-listen HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--peer-hang-after S]
@@ -8,6 +8,7 @@
         [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]
          [--http-read-timeout S]]
                                                                       (connection points)
+        [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]]     (context stores)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
 port in use, bad options) are one line on stderr and exit status 2.
@@ -26,11 +27,13 @@ from broker.ngsi import AllowList
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.roles.access_point import AccessPoint
 from broker.roles.connection_point import ConnectionPoint
+from broker.roles.context_store import ContextStore
 from broker.roles.exit_point import ExitPoint
 from broker.roles.matcher import Matcher
 from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, ProcessOptions, Role
 from broker.runtime.process import RoleService, run_process
 from broker.runtime.token import TOKEN_ENV
+from broker.store.engine import DEFAULT_ENGINE, ENGINES
 
 __all__ = ["ROLES", "configure", "run"]
 
@@ -39,6 +42,7 @@ ROLES: dict[Role, Callable[[], RoleService]] = {
     Role.ACCESS_POINT: AccessPoint,
     Role.MATCHER: Matcher,
     Role.EXIT_POINT: ExitPoint,
+    Role.CONTEXT_STORE: ContextStore,
 }
 
 
@@ -78,6 +82,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="CIDR_OR_HOST",
         help="a network or host HTTP notifications may go to, besides loopback (repeatable)",
+    )
+    parser.add_argument(
+        "--store-dir",
+        default="",
+        help="context stores: the directory the store keeps its entities in (required)",
+    )
+    parser.add_argument(
+        "--store-id",
+        default="",
+        help="context stores: the store's stable id (default: the one its directory records, "
+        "else store-DIRNAME)",
+    )
+    parser.add_argument(
+        "--store-engine",
+        default="",
+        choices=["", *ENGINES],
+        help=f"context stores: the embedded storage of a new directory (default {DEFAULT_ENGINE})",
     )
     add_status_flush(parser)
     add_http_read_timeout(parser)
@@ -180,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
             peer_hang_after=args.peer_hang_after,
+            store_dir=args.store_dir,
+            store_id=args.store_id,
+            store_engine=args.store_engine,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
         return run_process(options, ROLES[options.role])

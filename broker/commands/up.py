@@ -1,6 +1,7 @@
 """``silbo up``: start a whole cluster on this machine.
 
     silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
+             [--context-stores 1]
         [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]
         [--status-flush S] [--http-read-timeout S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
@@ -101,7 +102,13 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-_DEFAULT_SIZES = {"matchers": 2, "access_points": 1, "exit_points": 1, "connection_points": 1}
+_DEFAULT_SIZES = {
+    "matchers": 2,
+    "access_points": 1,
+    "exit_points": 1,
+    "connection_points": 1,
+    "context_stores": 1,
+}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -111,6 +118,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         ("access_points", "access point processes"),
         ("exit_points", "exit point processes"),
         ("connection_points", "connection point processes (what clients connect to)"),
+        (
+            "context_stores",
+            "context store processes (the entities; fixed once the cluster has data)",
+        ),
     )
     for layer, what in counts:
         parser.add_argument(
@@ -203,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
             access_points=sizes["access_points"],
             exit_points=sizes["exit_points"],
             connection_points=sizes["connection_points"],
+            context_stores=sizes["context_stores"],
             grpc_port=args.grpc_port,
             http_port=args.http_port,
             notify_allow=tuple(args.notify_allow),
@@ -329,7 +341,7 @@ def _summary(description: dict[str, Any], *, detached: bool) -> None:
     processes = description["processes"]
     roles = ", ".join(
         f"{sum(1 for p in processes if p['role'] == role)} {role}"
-        for role in ("connection-point", "access-point", "matcher", "exit-point")
+        for role in ("connection-point", "access-point", "matcher", "exit-point", "context-store")
     )
     where = "embedded" if zookeeper.get("embedded") else "external"
     down = f"silbo down --state-dir {state_dir}"

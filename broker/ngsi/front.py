@@ -33,7 +33,6 @@ from broker.addresses import parse_address
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
-from broker.ngsi.cache import DEFAULT_LIMIT, LastValues, Outcome
 from broker.ngsi.change import with_change
 from broker.ngsi.delivery import Config
 from broker.ngsi.entity import to_wire
@@ -48,6 +47,8 @@ from broker.ngsi.notifier import (
 from broker.ngsi.request import BODY_TIMEOUT, MAX_BODY, READ_TIMEOUT, checks
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
+from broker.store.client import EntityStore, LocalEntities
+from broker.store.semantics import Applied
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 
@@ -119,7 +120,6 @@ class FrontOptions:
     advertise: str = ""  # the host other fronts reach this one at, when listening on any
     status_flush: float = DEFAULT_STATUS_FLUSH  # seconds between saves of changed counters
     read_timeout: float = BODY_TIMEOUT  # seconds a client may take over a request head or body
-    cache_limit: int = DEFAULT_LIMIT
     concurrency: int = DEFAULT_CONCURRENCY
     per_origin: int = DEFAULT_PER_ORIGIN
     queue_limit: int = DEFAULT_QUEUE_LIMIT
@@ -131,11 +131,17 @@ class FrontOptions:
 class NgsiFront:
     """The HTTP front (see the module doc)."""
 
-    def __init__(self, port: BrokerPort, options: FrontOptions, registry: OpenRegistry) -> None:
+    def __init__(
+        self,
+        port: BrokerPort,
+        options: FrontOptions,
+        registry: OpenRegistry,
+        entities: EntityStore | None = None,
+    ) -> None:
         self.port = port
         self.options = options
         self.allow = options.allow
-        self.cache = LastValues(options.cache_limit)
+        self.entities: EntityStore = entities if entities is not None else LocalEntities()
         self.subscriptions: dict[str, HttpSubscription] = {}  # id -> subscription
         self._by_handle: dict[int, HttpSubscription] = {}
         self._firing = Firing(self._by_handle)
@@ -213,6 +219,7 @@ class NgsiFront:
                 _log.warning("the HTTP subscriptions were not given up cleanly: %s", exc)
         await self._publisher.stop()
         await self.notifier.stop()
+        await self.entities.close()
 
     def _registry(self) -> Registry:
         assert self._kept is not None, "the front has not started"
@@ -220,13 +227,19 @@ class NgsiFront:
 
     # -- updates ----------------------------------------------------------------------------
 
-    async def publish(self, outcomes: Sequence[Outcome]) -> None:
-        """Publish the whole entities of applied operations (in the order given)."""
+    async def publish(self, applied: Sequence[Applied]) -> None:
+        """Publish the whole entities of applied writes (in the order given; those that
+        changed nothing at all, having failed, are left out)."""
         entities = []
-        for outcome in outcomes:
-            tenant, path, entity_id, entity_type = outcome.key
-            entity = to_wire(entity_id, entity_type, tenant, path, outcome.attributes)
-            entities.append(with_change(entity, outcome.change))
+        for one in applied:
+            document = one.document if one.document is not None else one.before
+            if one.change is None or document is None:
+                continue
+            entity = to_wire(
+                document.id, document.type, document.tenant, document.service_path,
+                document.attributes,
+            )  # fmt: skip
+            entities.append(with_change(entity, one.change))
         await self._publisher.publish(entities)
 
     # -- subscriptions ----------------------------------------------------------------------

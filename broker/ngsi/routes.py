@@ -1,8 +1,10 @@
 """The NGSI v2 routes the front serves (ngsi-v2.md sections 2 and 3), and those it refuses.
 
-Updates become publications of the whole entity (:mod:`broker.ngsi.cache` decides what
-exists and what changed); subscriptions are the broker's own. Operations of a context store
-(queries, types, registrations) answer 501 NotImplemented: Silbo keeps no context.
+Writes go to the entity store (broker.store.client: the context store layer, or the front's
+own memory without one), which applies Orion's semantics and answers what each did; the
+front then publishes the whole entity with its change and answers once it is delivered.
+Reads (broker.ngsi.reads) ask the same store. Subscriptions are the broker's own.
+Registrations answer 501 NotImplemented (issue 18).
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError, Unavailable
+from broker.errors import InvalidInput, InvalidUpdate, NotFound, Unavailable
 from broker.model.attribute import check_value
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
 from broker.model.update import DEFAULT_ENTITY_TYPE
-from broker.ngsi.cache import Key, Mode, Outcome
 from broker.ngsi.entity import (
     Attributes,
     check_text,
@@ -32,6 +33,7 @@ from broker.ngsi.entity import (
 )
 from broker.ngsi.errors import NotServed, PartialUpdate
 from broker.ngsi.front import ORION_VERSION, NgsiFront
+from broker.ngsi.reads import Reads
 from broker.ngsi.request import (
     correlator_of,
     json_response,
@@ -44,6 +46,13 @@ from broker.ngsi.request import (
     tenant_of,
 )
 from broker.ngsi.subscriptions import merged, parse_document
+from broker.store.parameters import parse_entity_get
+from broker.store.query import one
+from broker.store.reading import StoreReader
+from broker.store.semantics import Applied, Mode
+from broker.store.wire import Intent
+
+Named = tuple[str, str, str, str | None]  # tenant, service path, entity id, type (None: any)
 
 __all__ = ["CREATED", "HOPS", "LOCAL_ONLY", "add_routes"]
 
@@ -107,24 +116,17 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         ("DELETE", _SUBSCRIPTION, routes.delete_subscription),
     ]
     not_served = [
-        ("GET", "/v2/entities"),
-        ("GET", _ENTITY),
-        ("GET", _ENTITY + "/attrs"),
-        ("GET", _ENTITY + _ATTR),
-        ("GET", _ENTITY + _ATTR + "/value"),
-        ("GET", "/v2/types"),
-        ("GET", "/v2/types/{type:[^/]+}"),
         ("GET", "/v2/registrations"),
         ("POST", "/v2/registrations"),
         ("GET", "/v2/registrations/{rid:[^/]+}"),
         ("PATCH", "/v2/registrations/{rid:[^/]+}"),
         ("DELETE", "/v2/registrations/{rid:[^/]+}"),
-        ("POST", "/v2/op/query"),
     ]
     table += [(method, path, routes.not_served) for method, path in not_served]
     for method, path, handler in table:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)
+    app.router.add_routes(Reads(routes.reader).routes())
     app.on_cleanup.append(routes.close)
 
 
@@ -135,6 +137,7 @@ def _location(entity_id: str, entity_type: str) -> str:
 class _Routes:
     def __init__(self, front: NgsiFront) -> None:
         self.front = front
+        self.reader = StoreReader(lambda: front.entities)
         self._session: aiohttp.ClientSession | None = None  # to the other fronts
 
     # -- about -------------------------------------------------------------------------------
@@ -176,38 +179,59 @@ class _Routes:
 
     # -- updates -----------------------------------------------------------------------------
 
-    def _key(self, request: web.Request, entity_id: str) -> Key:
+    def _named(self, request: web.Request, entity_id: str) -> Named:
+        """(tenant, service path, id, type or None) of the entity a request's path names."""
         check_identifier(entity_id, "entity id")
         entity_type = request.query.get("type")
         if entity_type is not None:
             check_identifier(entity_type, "entity type")
-        return self.front.cache.resolve(
-            tenant_of(request), service_path_of(request), entity_id, entity_type
+        return tenant_of(request), service_path_of(request), entity_id, entity_type
+
+    def _intent(
+        self,
+        request: web.Request,
+        named: Named,
+        mode: Mode,
+        attributes: Attributes,
+        *,
+        value_only: bool = False,
+        upsert: bool = False,
+    ) -> Intent:
+        options = options_of(request)
+        tenant, path, entity_id, entity_type = named
+        return Intent(
+            mode,
+            entity_id,
+            entity_type,
+            path,
+            tenant,
+            attributes,
+            override_metadata="overrideMetadata" in options,
+            forced_update="forcedUpdate" in options,
+            value_only=value_only,
+            correlator=correlator_of(request),
+            upsert=upsert,
         )
 
-    async def _apply(
-        self, request: web.Request, key: Key, mode: Mode, attributes: Attributes
-    ) -> Outcome:
-        options = options_of(request)
-        outcome = self.front.cache.apply(
-            key,
-            mode,
-            attributes,
-            forced="forcedUpdate" in options,
-            correlator=correlator_of(request),
-        )
-        await self.front.publish([outcome])
-        if outcome.partial is not None:
-            raise outcome.partial
-        return outcome
+    async def _apply(self, intent: Intent) -> Applied:
+        """Apply one write at the store, publish what it did, answer its error if any."""
+        (applied,) = await self.front.entities.apply([intent])
+        if applied.change is None:
+            assert applied.error is not None, "a write without change failed"
+            raise applied.error
+        await self.front.publish([applied])
+        if applied.error is not None:
+            raise applied.error
+        return applied
 
     async def create_entity(self, request: web.Request) -> web.Response:
         options = options_of(request)
         body = await read_json(request)
         entity_id, entity_type, attributes = parse_entity(body, key_values="keyValues" in options)
-        key = (tenant_of(request), service_path_of(request), entity_id, entity_type)
+        named = (tenant_of(request), service_path_of(request), entity_id, entity_type)
         upsert = "upsert" in options
-        await self._apply(request, key, Mode.UPSERT if upsert else Mode.CREATE, attributes)
+        mode = Mode.UPSERT if upsert else Mode.CREATE
+        await self._apply(self._intent(request, named, mode, attributes))
         status = 204 if upsert else 201
         return web.Response(status=status, headers={"Location": _location(entity_id, entity_type)})
 
@@ -215,8 +239,8 @@ class _Routes:
         options = options_of(request)
         body = await read_json(request)
         attributes = parse_attributes(body, key_values="keyValues" in options)
-        key = self._key(request, request.match_info["id"])
-        await self._apply(request, key, mode, attributes)
+        named = self._named(request, request.match_info["id"])
+        await self._apply(self._intent(request, named, mode, attributes))
         return web.Response(status=204)
 
     async def append_attributes(self, request: web.Request) -> web.Response:
@@ -234,11 +258,12 @@ class _Routes:
         body = await read_json(request)
         name = request.match_info["attr"]
         attribute = parse_attribute(name, body, key_values=False)
-        key = self._key(request, request.match_info["id"])
-        await self._apply(request, key, Mode.REPLACE_ATTRIBUTE, {name: attribute})
+        named = self._named(request, request.match_info["id"])
+        await self._apply(self._intent(request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute}))
         return web.Response(status=204)
 
     async def replace_value(self, request: web.Request) -> web.Response:
+        """PUT .../attrs/{a}/value: the value alone (type and metadata kept, at the store)."""
         options_of(request)
         name = request.match_info["attr"]
         check_identifier(name, "attribute name")
@@ -251,29 +276,40 @@ class _Routes:
                     "a JSON attribute value must be an object or an array; send text/plain "
                     "for strings, numbers, booleans and null"
                 )
-        key = self._key(request, request.match_info["id"])
-        old = (self.front.cache.get(key) or {}).get(name)
-        if old is None:
-            if self.front.cache.get(key) is None:
-                raise NotFound("The requested entity has not been found. Check type and id")
-            raise NotFound("The entity does not have such an attribute")
+        named = self._named(request, request.match_info["id"])
         check_value(value, f"attribute {name!r} value")
-        if old["type"] != "TextUnrestricted":
+        try:
             check_text(value, f"attribute {name!r} value")
-        attribute = {"type": old["type"], "value": value, "metadata": old["metadata"]}
-        await self._apply(request, key, Mode.REPLACE_ATTRIBUTE, {name: attribute})
+        except InvalidInput:
+            if await self._type_of(named, name) != "TextUnrestricted":
+                raise
+        attribute = {"type": None, "value": value, "metadata": {}}
+        intent = self._intent(
+            request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute}, value_only=True
+        )
+        await self._apply(intent)
         return web.Response(status=204)
 
+    async def _type_of(self, named: Named, name: str) -> str | None:
+        """The type of an entity's attribute, if it has that attribute."""
+        tenant, path, entity_id, entity_type = named
+        query = parse_entity_get(
+            entity_id, {"type": entity_type} if entity_type else {}, tenant, path
+        )
+        document = one(await self.reader.query(query))
+        attribute = document.attributes.get(name)
+        return None if attribute is None else str(attribute["type"])
+
     async def delete_entity(self, request: web.Request) -> web.Response:
-        key = self._key(request, request.match_info["id"])
-        await self._apply(request, key, Mode.DELETE_ENTITY, {})
+        named = self._named(request, request.match_info["id"])
+        await self._apply(self._intent(request, named, Mode.DELETE_ENTITY, {}))
         return web.Response(status=204)
 
     async def delete_attribute(self, request: web.Request) -> web.Response:
         name = request.match_info["attr"]
         check_identifier(name, "attribute name")
-        key = self._key(request, request.match_info["id"])
-        await self._apply(request, key, Mode.DELETE_ATTRIBUTES, {name: {}})
+        named = self._named(request, request.match_info["id"])
+        await self._apply(self._intent(request, named, Mode.DELETE_ATTRIBUTES, {name: {}}))
         return web.Response(status=204)
 
     async def batch_update(self, request: web.Request) -> web.Response:
@@ -310,38 +346,34 @@ class _Routes:
         entities: list[tuple[str, str | None, Attributes]],
         forced: bool,
     ) -> None:
-        """Apply every entity's operation; publish what applied; answer as Orion does."""
+        """Apply every entity's write; publish what applied; answer as Orion does."""
+        del forced  # options_of(request) gives it to each write
         tenant, path = tenant_of(request), service_path_of(request)
-        cache = self.front.cache
-        outcomes: list[Outcome] = []
-        errors: list[SilboError] = []
+        intents = []
         for entity_id, entity_type, attributes in entities:
-            try:
-                if action in ("append", "appendStrict"):
-                    key = (tenant, path, entity_id, entity_type or DEFAULT_ENTITY_TYPE)
-                    exists = cache.get(key) is not None
-                    mode = Mode.UPSERT if action == "append" or not exists else Mode.APPEND_STRICT
-                else:
-                    key = cache.resolve(tenant, path, entity_id, entity_type)
-                    mode = {
-                        "update": Mode.UPDATE,
-                        "replace": Mode.REPLACE,
-                        "delete": Mode.DELETE_ATTRIBUTES if attributes else Mode.DELETE_ENTITY,
-                    }[action]
-                outcome = cache.apply(
-                    key, mode, attributes, forced=forced, correlator=correlator_of(request)
-                )
-                outcomes.append(outcome)
-                if outcome.partial is not None:
-                    errors.append(outcome.partial)
-            except (NotFound, SilboError) as exc:
-                if isinstance(exc, InvalidInput):
-                    raise
-                errors.append(exc)
-        await self.front.publish(outcomes)
+            named: Named
+            if action in ("append", "appendStrict"):
+                named = (tenant, path, entity_id, entity_type or DEFAULT_ENTITY_TYPE)
+                mode = Mode.UPSERT if action == "append" else Mode.APPEND_STRICT
+                intents.append(self._intent(request, named, mode, attributes, upsert=True))
+            else:
+                mode = {
+                    "update": Mode.UPDATE,
+                    "replace": Mode.REPLACE,
+                    "delete": Mode.DELETE_ATTRIBUTES if attributes else Mode.DELETE_ENTITY,
+                }[action]
+                named = (tenant, path, entity_id, entity_type)
+                intents.append(self._intent(request, named, mode, attributes))
+        results = await self.front.entities.apply(intents)
+        applied = [r for r in results if r.change is not None]
+        errors = [r.error for r in results if r.error is not None]
+        await self.front.publish(applied)
         if not errors:
             return
-        if not outcomes:
+        refused = [e for e in errors if isinstance(e, InvalidInput)]
+        if refused:  # the client's fault (a bad dateExpires...): 400, as Orion
+            raise refused[0]
+        if not applied:
             if all(isinstance(e, NotFound) for e in errors):
                 raise NotFound(f"{len(errors)} of {len(entities)} entities: {errors[0]}")
             raise errors[0]

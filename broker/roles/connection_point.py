@@ -59,6 +59,7 @@ from broker.errors import (
     mapping_for,
 )
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
+from broker.roles.store_client import StoreClient
 from broker.runtime.answers import answered
 from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
@@ -66,6 +67,8 @@ from broker.runtime.link import MAX_MESSAGE, Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.serialization import pack_subscription, packb
+from broker.store.client import EntityStore
+from broker.store.layout import read_store_layout
 from broker.wire import client_pb2 as pb
 from broker.wire import client_pb2_grpc as pb_grpc
 from broker.wire import internal_pb2 as wire
@@ -988,6 +991,7 @@ class _FrontPort:
                 count=lambda outcome, n: context.metrics.notifications.labels(outcome).inc(n),
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
+            await _entities(context),
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))
@@ -1032,3 +1036,14 @@ class _FrontPort:
 def _raise_for(ack: pb.SessionAck) -> None:
     if ack.HasField("error") and ack.error.code:
         raise error_for(ack.error.code, ack.error.message, Unavailable)
+
+
+async def _entities(context: ProcessContext) -> EntityStore | None:
+    """The context store layer, if the cluster has one (None: the front keeps its own)."""
+    if await asyncio.to_thread(read_store_layout, context.zk) is None:
+        _log.warning(
+            "this cluster has no context store layer: the NGSI front keeps the entities it "
+            "is sent in its own memory (start one: silbo run context-store)"
+        )
+        return None
+    return await asyncio.to_thread(StoreClient, context.zk, context.loop)

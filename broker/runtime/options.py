@@ -17,12 +17,13 @@ DEFAULT_CLUSTER = "silbo"
 
 
 class Role(enum.Enum):
-    """The four layers; the value is the name used on the command line and in ZooKeeper."""
+    """The layers; the value is the name used on the command line and in ZooKeeper."""
 
     CONNECTION_POINT = "connection-point"
     ACCESS_POINT = "access-point"
     MATCHER = "matcher"
     EXIT_POINT = "exit-point"
+    CONTEXT_STORE = "context-store"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,10 @@ class ProcessOptions:
     ``peer_hang_after``: while this process is the elected repairer, a member that leaves
     ``Admin.Status`` unanswered that long (seconds) is declared dead (0: never;
     broker.runtime.liveness).
+    ``store_dir`` (context stores, required) is the directory a store keeps its entities in,
+    ``store_id`` its stable id (default: the one the directory records, else ``store-`` and
+    the directory's name), ``store_engine`` the embedded storage of a new directory
+    (broker.store.engine; an existing one keeps its own).
     """
 
     role: Role
@@ -65,6 +70,9 @@ class ProcessOptions:
     spark_offload: int = 0
     spark_master: str = ""
     peer_hang_after: float = PEER_HANG_AFTER
+    store_dir: str = ""
+    store_id: str = ""
+    store_engine: str = ""
 
     def __post_init__(self) -> None:
         problems = []
@@ -103,6 +111,12 @@ class ProcessOptions:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:
             problems.append("--spark-offload and --spark-master are for matchers only")
+        if self.role is Role.CONTEXT_STORE and not self.store_dir:
+            problems.append("a context store needs --store-dir (where it keeps its entities)")
+        if (self.store_dir or self.store_id or self.store_engine) and (
+            self.role is not Role.CONTEXT_STORE
+        ):
+            problems.append("--store-dir, --store-id and --store-engine are for context stores")
         if self.peer_hang_after < 0:
             problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
         if self.zk_timeout <= 0:

@@ -281,3 +281,17 @@ class Part(_message.Message):
     data: bytes
     plan: str
     def __init__(self, sender: _Optional[str] = ..., epoch: _Optional[int] = ..., data: _Optional[bytes] = ..., plan: _Optional[str] = ...) -> None: ...
+
+class StoreRequest(_message.Message):
+    __slots__ = ("layout", "body")
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    layout: int
+    body: bytes
+    def __init__(self, layout: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class StoreAnswer(_message.Message):
+    __slots__ = ("body",)
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    def __init__(self, body: _Optional[bytes] = ...) -> None: ...

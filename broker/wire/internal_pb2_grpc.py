@@ -471,3 +471,120 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ContextStoreStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Apply = channel.unary_unary(
+                '/broker.wire.ContextStore/Apply',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
+        self.Query = channel.unary_unary(
+                '/broker.wire.ContextStore/Query',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
+
+
+class ContextStoreServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Apply(self, request, context):
+        """Writes to entities of partitions this store holds, applied in order; one result each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Query(self, request, context):
+        """The part of an entity query (or a types query) this store's partitions answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ContextStoreServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Apply': grpc.unary_unary_rpc_method_handler(
+                    servicer.Apply,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Query': grpc.unary_unary_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'broker.wire.ContextStore', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('broker.wire.ContextStore', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ContextStore:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Apply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Apply',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Query',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -7,13 +7,12 @@ from typing import Any
 
 import pytest
 
-from broker.errors import AlreadyExists, InvalidInput, NotFound
+from broker.errors import InvalidInput, NotFound
 from broker.model.subscription import AttrsFormat
 from broker.ngsi.allow import AllowList
-from broker.ngsi.cache import LastValues, Mode
 from broker.ngsi.change import Alteration, Change, read_change, with_change
 from broker.ngsi.entity import parse_entity, parse_text_value, render, to_wire
-from broker.ngsi.errors import NotServed, PartialUpdate, TooManyResults, Unprocessable
+from broker.ngsi.errors import NotServed
 from broker.ngsi.subscriptions import iso, merged, parse_document
 from broker.query.dates import parse_iso8601
 from broker.wire import client_pb2 as pb
@@ -146,60 +145,6 @@ def test_when_a_change_fires(
     change: Change, condition: tuple[str, ...], metadata: bool, fires: bool
 ) -> None:
     assert change.fires(condition, metadata) is fires
-
-
-KEY = ("", "/", "E", "T")
-
-
-def test_last_values_tell_create_change_update_and_delete() -> None:
-    cache = LastValues()
-    created = cache.apply(KEY, Mode.UPSERT, {"a": attr(1)})
-    assert created.change.alteration is Alteration.CREATE
-    same = cache.apply(KEY, Mode.APPEND, {"a": attr(1)})
-    assert same.change.alteration is Alteration.UPDATE
-    forced = cache.apply(KEY, Mode.APPEND, {"a": attr(1)}, forced=True)
-    assert forced.change.alteration is Alteration.CHANGE
-    typed = cache.apply(KEY, Mode.UPDATE, {"a": attr(True, "Boolean")})
-    assert typed.change.changed == {"a"}
-    meta = cache.apply(KEY, Mode.UPDATE, {"a": attr(True, "Boolean", m={"type": "T", "value": 1})})
-    assert (meta.change.changed, meta.change.meta_changed) == (frozenset(), frozenset({"a"}))
-    appended = cache.apply(KEY, Mode.APPEND, {"b": attr(2)})
-    assert appended.attributes.keys() == {"a", "b"}
-    assert appended.attributes["a"]["metadata"] == {"m": {"type": "T", "value": 1}}
-    removed = cache.apply(KEY, Mode.DELETE_ATTRIBUTES, {"a": {}})
-    assert (set(removed.attributes), removed.change.changed) == ({"b"}, frozenset({"a"}))
-    deleted = cache.apply(KEY, Mode.DELETE_ENTITY, {})
-    assert deleted.change.alteration is Alteration.DELETE
-    assert deleted.attributes == {"b": attr(2)}
-    assert cache.get(KEY) is None
-
-
-def test_last_values_answer_as_orion() -> None:
-    cache = LastValues()
-    with pytest.raises(NotFound):
-        cache.apply(KEY, Mode.UPDATE, {"a": attr(1)})
-    cache.apply(KEY, Mode.CREATE, {"a": attr(1)})
-    with pytest.raises(AlreadyExists):
-        cache.apply(KEY, Mode.CREATE, {})
-    with pytest.raises(Unprocessable):
-        cache.apply(KEY, Mode.APPEND_STRICT, {"a": attr(2)})
-    partial = cache.apply(KEY, Mode.APPEND_STRICT, {"a": attr(2), "b": attr(2)})
-    assert isinstance(partial.partial, PartialUpdate)
-    assert partial.attributes["a"]["value"] == 1  # the existing one untouched
-    with pytest.raises(NotFound):
-        cache.apply(KEY, Mode.REPLACE_ATTRIBUTE, {"zz": attr(1)})
-    cache.apply(("", "/", "E", "Other"), Mode.CREATE, {})
-    with pytest.raises(TooManyResults):
-        cache.resolve("", "/", "E", None)
-
-
-def test_last_values_are_bounded() -> None:
-    cache = LastValues(limit=2)
-    for name in "abc":
-        cache.apply(("", "/", name, "T"), Mode.UPSERT, {})
-    assert len(cache) == 2
-    assert cache.get(("", "/", "a", "T")) is None
-    assert cache.resolve("", "/", "a", None) == ("", "/", "a", "Thing")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,57 @@
+"""How a front reaches the entities: an :class:`EntityStore`.
+
+The context store layer is one (broker.roles.store_client's ``StoreClient``: writes routed
+by partition, durable before they are answered, 503 when a store does not serve);
+:class:`LocalEntities` is the other: a front's own entities in memory, for a cluster
+without a store layer (no ``/store-layout``: ``silbo run connection-point`` alone), one
+front's view, lost when it stops, as before the store existed (docs/ngsi.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from broker.store.entities import Entities, MemoryEngine
+from broker.store.semantics import Applied
+from broker.store.wire import Intent
+
+__all__ = ["EntityStore", "LocalEntities"]
+
+
+class EntityStore(Protocol):
+    """Where a front's writes go (and its reads: broker.ngsi.reads)."""
+
+    async def apply(self, intents: Sequence[Intent]) -> list[Applied]:
+        """Apply the writes; one result each, in order, once durable."""
+        ...
+
+    async def parts(self, body: bytes, partitions: Iterable[int] | None = None) -> list[bytes]:
+        """The answers to a query body (broker.store.reading) of every store holding one of
+        ``partitions`` (None: of every store)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what it holds."""
+        ...
+
+
+class LocalEntities:
+    """A front's entities in its own memory (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.entities = Entities(MemoryEngine())
+
+    async def apply(self, intents: Sequence[Intent]) -> list[Applied]:
+        """Apply the writes in memory."""
+        return await self.entities.apply(intents)
+
+    async def parts(self, body: bytes, partitions: Iterable[int] | None = None) -> list[bytes]:
+        """The one part: every entity this front holds."""
+        from broker.store.reading import answer_query
+
+        return [answer_query(self.entities, body, None, time.time())]
+
+    async def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,349 @@
+"""The entities of one store: writes applied with Orion's semantics, made durable, and read.
+
+What a context store process does with its :class:`~broker.store.engine.Engine` (and what a
+front without a store layer does in memory, over :class:`MemoryEngine`): :meth:`Entities.apply`
+takes a front's writes (:class:`~broker.store.wire.Intent`), reads each entity, applies
+:func:`broker.store.semantics.apply`, and commits the new documents through the group
+committer; :meth:`Entities.documents` gives the stored documents a query reads.
+
+Keys: ``d``, the partition (two bytes, big-endian), then tenant NUL id NUL service path NUL
+type (UTF-8; an identifier cannot hold NUL). The partition is :func:`partition_of` (tenant,
+id), so one entity id's every type and service path is in one partition, found with one
+prefix scan (that is how a write without a type finds its entity, and how Orion's 409 for
+an ambiguous id is told), and a partition is one contiguous range of keys (a scale copies
+ranges, docs/context-store.md).
+
+Order and concurrency: writes are applied one at a time on the event loop, in the order
+they arrive; their commits are grouped (one fsync for many writes). A write reads the
+entity as the writes before it left it, committed or not (:attr:`Entities._pending`), so two
+writes of one entity in one group apply in order; a write is answered only once its commit
+is durable. A failed commit leaves the pending documents of its writes unknown: the store
+stops serving (:class:`StoreFailed`) and is restarted from what is durable.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from typing import Final
+
+from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
+from broker.model.update import DEFAULT_ENTITY_TYPE
+from broker.store.engine import Engine, GroupCommitter, StorageError
+from broker.store.semantics import Applied, Document, Mode, apply
+from broker.store.wire import Intent
+
+__all__ = [
+    "PARTITIONS",
+    "Entities",
+    "MemoryEngine",
+    "StoreFailed",
+    "document_key",
+    "partition_of",
+]
+
+PARTITIONS: Final = 256  # fixed: a store layout divides these among the store processes
+_DOCUMENTS: Final = b"d"
+_EXPIRY: Final = b"x"
+_SEP: Final = b"\x00"
+_NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
+
+
+class StoreFailed(Unavailable):
+    """The store's storage failed; it serves nothing more (its process restarts)."""
+
+
+def partition_of(tenant: str, entity_id: str) -> int:
+    """The partition of an entity: a stable hash of its tenant and id."""
+    return zlib.crc32(f"{tenant}\x00{entity_id}".encode()) % PARTITIONS
+
+
+def _encoded(*parts: str) -> bytes:
+    out = []
+    for part in parts:
+        if "\x00" in part:
+            raise InvalidIdentifier(f"an identifier holds a NUL character: {part!r}")
+        out.append(part.encode("utf-8"))
+    return _SEP.join(out)
+
+
+def _partition_prefix(partition: int) -> bytes:
+    return _DOCUMENTS + partition.to_bytes(2, "big")
+
+
+def _id_prefix(tenant: str, entity_id: str, service_path: str) -> bytes:
+    """The keys of one id in one service path: one per type."""
+    return (
+        _partition_prefix(partition_of(tenant, entity_id))
+        + _encoded(tenant, entity_id, service_path)
+        + _SEP
+    )
+
+
+def document_key(tenant: str, service_path: str, entity_id: str, entity_type: str) -> bytes:
+    """The storage key of one entity (module doc)."""
+    return _id_prefix(tenant, entity_id, service_path) + _encoded(entity_type)
+
+
+def _expiry_key(expires: float, key: bytes) -> bytes:
+    return _EXPIRY + max(0, int(expires * 1000)).to_bytes(8, "big") + key
+
+
+class Entities:
+    """The entities of one engine (module doc). One event loop uses it."""
+
+    def __init__(self, engine: Engine, committer: GroupCommitter | None = None) -> None:
+        self._engine = engine
+        self._committer = committer
+        self._pending: dict[bytes, tuple[int, bytes | None]] = {}  # key: (ticket, value)
+        self._pending_ids: dict[bytes, set[bytes]] = {}  # id prefix: its pending keys
+        self._ticket = 0
+        self._failed: BaseException | None = None
+        self.writes = 0  # writes answered
+        self.modified = 0  # writes that changed a document
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def apply(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
+        """Apply the writes in order; each one's result once every change is durable.
+
+        A write that fails (NotFound, Unprocessable, 409...) has its error in its result and
+        changes nothing; the others apply. Raises StoreFailed if the storage failed.
+        """
+        results, puts, deletes, tickets = self._stage(intents, now)
+        if puts or deletes:
+            try:
+                if self._committer is not None:
+                    await self._committer.write(puts, deletes)
+                else:
+                    self._engine.commit(puts, deletes)
+            except (StorageError, OSError) as exc:
+                self._failed = exc
+                raise StoreFailed(f"the context store's storage failed: {exc}") from exc
+            finally:
+                for key, ticket in tickets:
+                    self._release(key, ticket)
+        self.writes += len(results)
+        self.modified += len(tickets)
+        return results
+
+    def apply_now(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
+        """:meth:`apply`, at once, for entities without a group committer (in memory)."""
+        if self._committer is not None:
+            raise RuntimeError("apply_now is for entities without a group committer")
+        results, puts, deletes, tickets = self._stage(intents, now)
+        self._engine.commit(puts, deletes)
+        for key, ticket in tickets:
+            self._release(key, ticket)
+        self.writes += len(results)
+        self.modified += len(tickets)
+        return results
+
+    def _stage(
+        self, intents: Sequence[Intent], now: float | None
+    ) -> tuple[list[Applied], list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, int]]]:
+        """Apply the writes to what is stored or pending: the results, what to commit, and
+        the pending entries the commit releases."""
+        self._check_serving()
+        moment = time.time() if now is None else now
+        results: list[Applied] = []
+        puts: list[tuple[bytes, bytes]] = []
+        deletes: list[bytes] = []
+        tickets: list[tuple[bytes, int]] = []
+        for intent in intents:
+            applied, key = self._apply_one(intent, moment)
+            results.append(applied)
+            if applied.modified and key is not None:
+                value = applied.document.to_bytes() if applied.document is not None else None
+                tickets.append((key, self._hold(key, value)))
+                if value is None:
+                    deletes.append(key)
+                else:
+                    puts.append((key, value))
+                was = applied.before.date_expires if applied.before is not None else None
+                will = applied.document.date_expires if applied.document is not None else None
+                if was != will:  # the expiry index follows (committed with the document)
+                    if was is not None:
+                        deletes.append(_expiry_key(was, key))
+                    if will is not None:
+                        puts.append((_expiry_key(will, key), b""))
+        return results, puts, deletes, tickets
+
+    def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None]:
+        try:
+            entity_type = intent.entity_type
+            if entity_type is None:
+                entity_type = self._resolve(intent)
+            key = document_key(intent.tenant, intent.service_path, intent.entity_id, entity_type)
+        except SilboError as exc:
+            return Applied(None, None, None, error=exc), None
+        current = self._read(key)
+        write = intent.resolved(entity_type)
+        if current is None and intent.upsert and write.mode is not Mode.UPSERT:
+            write = replace(write, mode=Mode.CREATE)
+        return apply(current, write, now), key
+
+    def _resolve(self, intent: Intent) -> str:
+        """The type of the one entity the write names by id (module doc)."""
+        types = self.types_of(intent.tenant, intent.service_path, intent.entity_id)
+        if len(types) > 1:
+            raise AmbiguousEntity(
+                f"there is more than one entity with id {intent.entity_id!r}: name its type "
+                "(?type=)"
+            )
+        if types:
+            return types[0]
+        if intent.mode in (Mode.CREATE, Mode.UPSERT):
+            return DEFAULT_ENTITY_TYPE
+        raise NotFound(_NO_ENTITY)
+
+    def types_of(self, tenant: str, service_path: str, entity_id: str) -> list[str]:
+        """The types of the entities with this id in this service path (pending writes
+        included), sorted."""
+        prefix = _id_prefix(tenant, entity_id, service_path)
+        keys = {k for k, _v in self._engine.scan(prefix)}
+        for key in self._pending_ids.get(prefix, ()):
+            if self._pending[key][1] is None:
+                keys.discard(key)
+            else:
+                keys.add(key)
+        return sorted(k[len(prefix) :].decode("utf-8") for k in keys)
+
+    def _read(self, key: bytes) -> Document | None:
+        held = self._pending.get(key)
+        data = held[1] if held is not None else self._engine.get(key)
+        return Document.from_bytes(data) if data is not None else None
+
+    def _hold(self, key: bytes, value: bytes | None) -> int:
+        self._ticket += 1
+        self._pending[key] = (self._ticket, value)
+        self._pending_ids.setdefault(key[: key.rindex(_SEP) + 1], set()).add(key)
+        return self._ticket
+
+    def _release(self, key: bytes, ticket: int) -> None:
+        held = self._pending.get(key)
+        if held is None or held[0] != ticket:
+            return  # a later write of the key holds it
+        del self._pending[key]
+        prefix = key[: key.rindex(_SEP) + 1]
+        keys = self._pending_ids[prefix]
+        keys.discard(key)
+        if not keys:
+            del self._pending_ids[prefix]
+
+    def _check_serving(self) -> None:
+        if self._failed is not None:
+            raise StoreFailed(f"the context store's storage failed: {self._failed}")
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def documents(
+        self,
+        tenant: str,
+        entity_ids: Iterable[str] | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> Iterator[Document]:
+        """The committed documents of a tenant (of those ids only, if given), in the given
+        partitions (default: all), partition by partition."""
+        self._check_serving()
+        if entity_ids is not None:
+            wanted = None if partitions is None else set(partitions)
+            for entity_id in sorted(set(entity_ids)):
+                if wanted is not None and partition_of(tenant, entity_id) not in wanted:
+                    continue
+                prefix = (
+                    _partition_prefix(partition_of(tenant, entity_id))
+                    + _encoded(tenant, entity_id)
+                    + _SEP
+                )
+                for _key, value in self._engine.scan(prefix):
+                    yield Document.from_bytes(value)
+            return
+        tenant_part = _encoded(tenant) + _SEP
+        for partition in range(PARTITIONS) if partitions is None else sorted(set(partitions)):
+            for _key, value in self._engine.scan(_partition_prefix(partition) + tenant_part):
+                yield Document.from_bytes(value)
+
+    def all_documents(self) -> Iterator[Document]:
+        """Every committed document, whatever its tenant (expiry, statistics)."""
+        for _key, value in self._engine.scan(_DOCUMENTS):
+            yield Document.from_bytes(value)
+
+    async def expire(self, now: float | None = None, most: int = 10_000) -> int:
+        """Delete (at most ``most`` of) the entities whose ``dateExpires`` passed; how many
+        went. The expiry index (``x``, the date in ms, the document's key) is read up to now."""
+        self._check_serving()
+        moment = time.time() if now is None else now
+        due: list[bytes] = []
+        for index_key, _value in self._engine.scan(_EXPIRY):
+            if int.from_bytes(index_key[1:9], "big") > moment * 1000 or len(due) >= most:
+                break
+            due.append(index_key[9:])
+        intents = []
+        for key in due:
+            current = self._read(key)  # a pending write may have renewed it
+            if current is not None and current.expired(moment):
+                intents.append(
+                    Intent(
+                        Mode.DELETE_ENTITY,
+                        current.id,
+                        current.type,
+                        current.service_path,
+                        current.tenant,
+                    )
+                )
+        return sum(1 for result in await self.apply(intents, moment) if result.modified)
+
+
+class MemoryEngine:
+    """An :class:`Engine` in memory (not durable): the entities of a front that has no
+    context store layer to use, and of unit tests. Not thread-safe."""
+
+    kind = "memory"
+    max_key_size: int | None = None
+
+    def __init__(self) -> None:
+        self._values: dict[bytes, bytes] = {}
+        self._keys: list[bytes] = []  # sorted
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value under ``key``, or None."""
+        return self._values.get(key)
+
+    def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """The values of ``keys``, in order."""
+        return [self._values.get(k) for k in keys]
+
+    def commit(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
+        """Apply ``puts`` then ``deletes``."""
+        for key, value in puts:
+            if key not in self._values:
+                bisect.insort(self._keys, key)
+            self._values[key] = value
+        for key in deletes:
+            if self._values.pop(key, None) is not None:
+                del self._keys[bisect.bisect_left(self._keys, key)]
+
+    def scan(
+        self, prefix: bytes, start_after: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs under ``prefix`` after ``start_after``, in key order (a snapshot)."""
+        start = prefix if start_after is None or start_after < prefix else start_after
+        index = bisect.bisect_left(self._keys, start)
+        found = []
+        while index < len(self._keys) and self._keys[index].startswith(prefix):
+            key = self._keys[index]
+            if key != start_after:
+                found.append((key, self._values[key]))
+            index += 1
+        return iter(found)
+
+    def count(self) -> int:
+        """How many keys are stored."""
+        return len(self._values)
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,83 @@
+"""Queries across the store layer: each store answers its part, the front merges them.
+
+A front's :class:`StoreReader` sends an entity query (broker.store.query) to every store
+(:meth:`~broker.store.client.EntityStore.parts`) as ``["entities", query]``; each store
+runs :func:`answer_query` over the documents of the partitions it holds (only the
+partitions of the query's ids, when it names ids: one prefix scan each) and answers its
+first ``offset + limit`` documents and its count; the front merges the parts in the query's
+order and cuts the page (:func:`broker.store.query.merge`). Types queries go the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from broker.errors import InvalidInput
+from broker.store.client import EntityStore
+from broker.store.entities import Entities, partition_of
+from broker.store.entity_types import TypesPage, TypesPart, TypesQuery, merge_types, types_part
+from broker.store.query import EntityQuery, Page, Part, merge, select
+from broker.store.semantics import Document
+from broker.store.wire import pack, unpack
+
+__all__ = ["StoreReader", "answer_query"]
+
+_ENTITIES = "entities"
+_TYPES = "types"
+
+
+def answer_query(
+    entities: Entities, body: bytes, partitions: Iterable[int] | None, now: float
+) -> bytes:
+    """A store's answer to a query body, over the partitions it holds (None: all)."""
+    kind, data = _request(body)
+    held = None if partitions is None else set(partitions)
+    if kind == _TYPES:
+        types = TypesQuery.from_wire(data)
+        return pack(types_part(entities.documents(types.tenant, None, held), types, now).to_wire())
+    if kind != _ENTITIES:
+        raise InvalidInput(f"a context store query of kind {kind!r}")
+    query = EntityQuery.from_wire(data)
+    part = select(_documents(entities, query, held), query, now)
+    return pack(part.to_wire())
+
+
+def _documents(entities: Entities, query: EntityQuery, held: set[int] | None) -> Iterator[Document]:
+    ids = query.entity_ids
+    if ids is not None:
+        if held is not None:
+            ids = frozenset(i for i in ids if partition_of(query.tenant, i) in held)
+        return entities.documents(query.tenant, ids)
+    return entities.documents(query.tenant, None, held)
+
+
+def _request(body: bytes) -> tuple[str, Any]:
+    data = unpack(body)
+    if not isinstance(data, list) or len(data) != 2 or not isinstance(data[0], str):
+        raise InvalidInput("a context store query is [kind, query]")
+    return data[0], data[1]
+
+
+class StoreReader:
+    """The reads of a front, over its :class:`EntityStore` (broker.ngsi.reads' Reader);
+    ``store`` gives it at each read (a front's may be set after its routes)."""
+
+    def __init__(self, store: Callable[[], EntityStore]) -> None:
+        self._get = store
+
+    @property
+    def _store(self) -> EntityStore:
+        return self._get()
+
+    async def query(self, query: EntityQuery) -> Page:
+        """The page of an entity query, merged from every store's part."""
+        ids = query.entity_ids
+        partitions = None if ids is None else {partition_of(query.tenant, i) for i in ids}
+        answers = await self._store.parts(pack([_ENTITIES, query.to_wire()]), partitions)
+        return merge((Part.from_wire(unpack(a)) for a in answers), query)
+
+    async def types(self, query: TypesQuery) -> TypesPage:
+        """The page of a types query, merged from every store's part."""
+        answers = await self._store.parts(pack([_TYPES, query.to_wire()]))
+        return merge_types((TypesPart.from_wire(unpack(a)) for a in answers), query)

@@ -1,0 +1,207 @@
+"""The context store layer with real processes: two fronts, one entity state (issue 17).
+
+- Writes spread over two HTTP fronts read back identically through both, with two store
+  processes (the partitions divided between them), and again after the cluster stops and
+  starts on the same state directory.
+- A PATCH through the front that did not create the entity finds it; a subscription whose
+  ``q`` names an attribute the update did not carry fires whichever front took the update.
+- kill -9 of a store: writes of its partitions wait, then answer 503 (never a 2xx for a
+  write that is not durable); once the store is back, every write answered 2xx is there
+  (the oracle), and the store serves again.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.runtime.options import Role
+from tests.ngsi.conftest import Answer, Front, Receiver, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _spec(zookeeper: EmbeddedZooKeeper, state: Path, name: str, **fields: Any) -> ClusterSpec:
+    return ClusterSpec(
+        **{
+            "zk": zookeeper.address,
+            "cluster": name,
+            "grpc_port": 0,
+            "http_port": free_port(),
+            "connection_points": 2,
+            "context_stores": 2,
+            "matchers": 1,
+            "state_dir": state,
+            **fields,
+        }
+    )
+
+
+def _fronts(description: dict[str, Any], cluster: LocalCluster) -> list[Front]:
+    fronts = [Front(address, cluster) for address in description["http_endpoints"]]
+    for front in fronts:
+        front.wait_serving()
+    return fronts
+
+
+def _entities(front: Front, **headers: str) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    offset = 0
+    while True:
+        answer = front.call("GET", f"/v2/entities?limit=1000&offset={offset}", headers=headers)
+        assert answer.status == 200, answer
+        got.extend(answer.body)
+        if len(answer.body) < 1000:
+            return sorted(got, key=lambda e: (e["id"], e["type"]))
+        offset += 1000
+
+
+def _ok(answer: Answer) -> Answer:
+    assert answer.status in (200, 201, 204), answer
+    return answer
+
+
+def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restart(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    name = f"cs-{uuid.uuid4().hex[:8]}"
+    rng = random.Random(7)
+    model: dict[str, dict[str, Any]] = {}  # the test's own model of what Orion would store
+    with LocalCluster(_spec(zookeeper, state, name)) as cluster:
+        a, b = _fronts(cluster.description, cluster)
+        for i in range(120):
+            front = rng.choice((a, b))
+            entity_id = f"Room{rng.randrange(30)}"
+            value = rng.randrange(100)
+            if entity_id not in model or rng.random() < 0.2:
+                body = {"id": entity_id, "type": "Room", "t": {"type": "Number", "value": value}}
+                _ok(front.call("POST", "/v2/entities?options=upsert", body))
+                model.setdefault(entity_id, {"id": entity_id, "type": "Room"})
+                model[entity_id]["t"] = {"type": "Number", "value": value, "metadata": {}}
+            elif rng.random() < 0.5:
+                # PATCH without a type, through either front: the store finds the entity
+                patch = {"t": {"type": "Number", "value": value}}
+                _ok(front.call("PATCH", f"/v2/entities/{entity_id}/attrs", patch))
+                model[entity_id]["t"] = {"type": "Number", "value": value, "metadata": {}}
+            else:
+                inc = {"n": {"type": "Number", "value": {"$inc": 1}}}
+                _ok(front.call("POST", f"/v2/entities/{entity_id}/attrs", inc))
+                old = model[entity_id].get("n", {"value": 0})["value"]
+                number = 1 if "n" not in model[entity_id] else old + 1
+                model[entity_id]["n"] = {"type": "Number", "value": number, "metadata": {}}
+            del i
+        expected = sorted(model.values(), key=lambda e: e["id"])
+        assert _entities(a) == expected
+        assert _entities(b) == expected
+        some = expected[0]
+        one = b.call("GET", f"/v2/entities/{some['id']}?options=keyValues")
+        assert one.status == 200 and one.body["t"] == some["t"]["value"]
+        counted = a.call("GET", "/v2/entities?type=Room&options=count&limit=1")
+        assert counted.headers.get("Fiware-Total-Count") == str(len(expected))
+        types = a.call("GET", "/v2/types")
+        assert types.status == 200 and [t["type"] for t in types.body] == ["Room"]
+    with LocalCluster(_spec(zookeeper, state, name, connection_points=1)) as cluster:
+        (again,) = _fronts(cluster.description, cluster)
+        assert _entities(again) == expected
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """An HTTP receiver of notifications (tests/ngsi's)."""
+    served = Receiver()
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+def test_a_q_subscription_fires_on_an_update_through_the_other_front(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path, receiver: Receiver
+) -> None:
+    spec = _spec(zookeeper, tmp_path / "state", f"cs-{uuid.uuid4().hex[:8]}")
+    with LocalCluster(spec) as cluster:
+        a, b = _fronts(cluster.description, cluster)
+        subscription = {
+            "subject": {
+                "entities": [{"idPattern": ".*", "type": "Room"}],
+                "condition": {"attrs": ["t"], "expression": {"q": "floor==3"}},
+            },
+            "notification": {"http": {"url": receiver.url()}, "attrs": ["t", "floor"]},
+        }
+        _ok(a.call("POST", "/v2/subscriptions", subscription))
+        room = {
+            "id": "R1",
+            "type": "Room",
+            "floor": {"type": "Number", "value": 3},
+            "t": {"type": "Number", "value": 20},
+        }
+        _ok(a.call("POST", "/v2/entities", room))
+        (created,) = receiver.wait_for(1)
+        # through the other front, an update that does not carry `floor`: Orion evaluates q
+        # on the whole entity, so it fires
+        _ok(b.call("PATCH", "/v2/entities/R1/attrs", {"t": {"type": "Number", "value": 21}}))
+        notes = receiver.wait_for(2)
+        data = notes[-1].body["data"][0]
+        assert data["t"]["value"] == 21 and data["floor"]["value"] == 3
+        # an entity on another floor does not fire, whichever front
+        other = {**room, "id": "R2", "floor": {"type": "Number", "value": 4}}
+        _ok(b.call("POST", "/v2/entities", other))
+        _ok(a.call("PATCH", "/v2/entities/R2/attrs", {"t": {"type": "Number", "value": 5}}))
+        time.sleep(1.0)
+        assert len(receiver.received()) == 2
+        del created
+
+
+def test_a_killed_store_refuses_writes_then_serves_everything_it_acknowledged(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path
+) -> None:
+    spec = _spec(zookeeper, tmp_path / "state", f"cs-{uuid.uuid4().hex[:8]}", connection_points=1)
+    with LocalCluster(spec) as cluster:
+        (front,) = _fronts(cluster.description, cluster)
+        acknowledged: dict[str, int] = {}
+        for i in range(60):
+            body = {"id": f"E{i}", "type": "T", "v": {"type": "Number", "value": i}}
+            _ok(front.call("POST", "/v2/entities", body))
+            acknowledged[f"E{i}"] = i
+        (store,) = [
+            p
+            for p in cluster.description["processes"]
+            if p["role"] == Role.CONTEXT_STORE.value and p["log"].endswith("-1.log")
+        ]
+        os.kill(store["pid"], signal.SIGKILL)
+        refused = 0
+        started = time.monotonic()
+        for i in range(60, 80):
+            body = {"id": f"E{i}", "type": "T", "v": {"type": "Number", "value": i}}
+            answer = front.call("POST", "/v2/entities", body)
+            if answer.status == 201:
+                acknowledged[f"E{i}"] = i  # held by the live store
+            else:
+                assert answer.status == 503, answer
+                assert answer.body["error"] == "ServiceUnavailable"
+                refused += 1
+            if time.monotonic() - started > 30:
+                break
+        assert refused > 0  # some entities are in the dead store's partitions
+        reads = front.call("GET", "/v2/entities?limit=1000")
+        assert reads.status == 503  # a list needs every partition: refused, not partial
+        cluster.replace(Role.CONTEXT_STORE, 1)
+        deadline = time.monotonic() + 30
+        while front.call("GET", "/v2/entities?limit=1").status != 200:
+            assert time.monotonic() < deadline, "the restarted store does not serve"
+            time.sleep(0.2)
+        found = {e["id"]: e["v"]["value"] for e in _entities(front)}
+        assert found == acknowledged  # nothing acknowledged lost, nothing refused applied
+        again = {"id": "E79", "type": "T", "v": {"type": "Number", "value": 79}}
+        assert front.call("POST", "/v2/entities?options=upsert", again).status == 204

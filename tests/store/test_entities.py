@@ -1,0 +1,176 @@
+"""The entities of one store: writes in order, durable, resolved by id; expiry; the wire."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker.errors import AlreadyExists, AmbiguousEntity, InvalidInput, NotFound, SerializationError
+from broker.model.change import Alteration
+from broker.store.engine import GroupCommitter, open_engine
+from broker.store.entities import PARTITIONS, Entities, MemoryEngine, document_key, partition_of
+from broker.store.semantics import Mode
+from broker.store.wire import (
+    Intent,
+    decode_results,
+    decode_writes,
+    encode_results,
+    encode_writes,
+    pack,
+    unpack,
+)
+
+
+def _attr(value: object, type_: str = "Number") -> dict[str, object]:
+    return {"type": type_, "value": value, "metadata": {}}
+
+
+def _write(mode: Mode, entity_id: str = "E1", entity_type: str | None = "T", **attrs: object):
+    return Intent(mode, entity_id, entity_type, "/", "", {k: _attr(v) for k, v in attrs.items()})
+
+
+def test_writes_apply_in_order_within_one_call() -> None:
+    entities = Entities(MemoryEngine())
+    results = asyncio.run(
+        entities.apply(
+            [
+                _write(Mode.CREATE, temperature=1),
+                _write(Mode.UPDATE, temperature=2),
+                _write(Mode.CREATE, temperature=3),
+            ]
+        )
+    )
+    assert [r.change.alteration if r.change else None for r in results] == [
+        Alteration.CREATE,
+        Alteration.CHANGE,
+        None,
+    ]
+    assert isinstance(results[2].error, AlreadyExists)
+    (stored,) = entities.documents("", ["E1"])
+    assert stored.attributes["temperature"]["value"] == 2
+
+
+def test_a_write_without_type_finds_the_one_entity_of_its_id() -> None:
+    entities = Entities(MemoryEngine())
+    asyncio.run(entities.apply([_write(Mode.CREATE, entity_type="Room", t=1)]))
+    (result,) = asyncio.run(entities.apply([_write(Mode.UPDATE, entity_type=None, t=5)]))
+    assert result.document is not None and result.document.type == "Room"
+    (missing,) = asyncio.run(entities.apply([_write(Mode.UPDATE, "E2", None, t=5)]))
+    assert isinstance(missing.error, NotFound)
+    (created,) = asyncio.run(entities.apply([_write(Mode.UPSERT, "E2", None, t=5)]))
+    assert created.document is not None and created.document.type == "Thing"
+
+
+def test_an_ambiguous_id_is_409_and_changes_nothing() -> None:
+    entities = Entities(MemoryEngine())
+    asyncio.run(
+        entities.apply(
+            [_write(Mode.CREATE, entity_type="A", t=1), _write(Mode.CREATE, entity_type="B", t=1)]
+        )
+    )
+    (result,) = asyncio.run(entities.apply([_write(Mode.UPDATE, entity_type=None, t=9)]))
+    assert isinstance(result.error, AmbiguousEntity) and result.change is None
+    assert sorted(d.attributes["t"]["value"] for d in entities.documents("", ["E1"])) == [1, 1]
+
+
+def test_batch_append_strict_creates_a_missing_entity() -> None:
+    entities = Entities(MemoryEngine())
+    intent = Intent(Mode.APPEND_STRICT, "E9", "T", "/", "", {"a": _attr(1)}, upsert=True)
+    (made,) = asyncio.run(entities.apply([intent]))
+    assert made.change is not None and made.change.alteration is Alteration.CREATE
+    (again,) = asyncio.run(entities.apply([intent]))
+    assert again.change is None and again.error is not None  # the attribute exists: strict
+
+
+def test_concurrent_writes_of_one_entity_see_each_other_before_they_commit(
+    tmp_path: Path,
+) -> None:
+    async def run() -> list[int]:
+        engine = open_engine("rocksdb", tmp_path / "db")
+        committer = GroupCommitter(engine)
+        entities = Entities(engine, committer)
+        await entities.apply([_write(Mode.CREATE, n=0)])
+        increments = [
+            Intent(Mode.UPDATE, "E1", "T", "/", "", {"n": _attr({"$inc": 1})}) for _ in range(50)
+        ]
+        await asyncio.gather(*(entities.apply([i]) for i in increments))
+        await committer.close()
+        engine.close()
+        reopened = Entities(open_engine("rocksdb", tmp_path / "db"))
+        return [d.attributes["n"]["value"] for d in reopened.documents("", ["E1"])]
+
+    assert asyncio.run(run()) == [50]  # every $inc applied once, in order, and durable
+
+
+def test_expired_entities_are_deleted_from_the_index() -> None:
+    entities = Entities(MemoryEngine())
+    expiring = {"dateExpires": _attr("2030-01-01T00:00:00Z", "DateTime"), "t": _attr(1)}
+    asyncio.run(
+        entities.apply(
+            [
+                Intent(Mode.CREATE, "E1", "T", "/", "", expiring),
+                Intent(Mode.CREATE, "E2", "T", "/", "", expiring),
+                _write(Mode.CREATE, "E3", t=1),
+            ]
+        )
+    )
+    renewed = {"dateExpires": _attr("2040-01-01T00:00:00Z", "DateTime")}
+    asyncio.run(entities.apply([Intent(Mode.UPDATE, "E2", "T", "/", "", renewed)]))
+    before = 1_893_456_000.0 - 1  # 2030-01-01 minus a second
+    assert asyncio.run(entities.expire(before)) == 0
+    assert asyncio.run(entities.expire(before + 2)) == 1
+    assert sorted(d.id for d in entities.documents("")) == ["E2", "E3"]
+    assert asyncio.run(entities.expire(2_300_000_000.0)) == 1
+    assert sorted(d.id for d in entities.documents("")) == ["E3"]
+
+
+def test_documents_are_read_by_tenant_and_partition() -> None:
+    entities = Entities(MemoryEngine())
+    writes = [
+        Intent(Mode.CREATE, f"E{i}", "T", "/", tenant, {"t": _attr(i)})
+        for i in range(40)
+        for tenant in ("", "acme")
+    ]
+    asyncio.run(entities.apply(writes))
+    assert len(list(entities.documents("acme"))) == 40
+    some = {partition_of("acme", f"E{i}") for i in range(5)}
+    found = {d.id for d in entities.documents("acme", partitions=some)}
+    assert found == {f"E{i}" for i in range(40) if partition_of("acme", f"E{i}") in some}
+    assert min(some) >= 0 and max(some) < PARTITIONS
+
+
+def test_identifiers_with_nul_are_refused() -> None:
+    with pytest.raises(InvalidInput):
+        document_key("", "/", "a\x00b", "T")
+    entities = Entities(MemoryEngine())
+    (result,) = asyncio.run(entities.apply([_write(Mode.CREATE, "a\x00b", t=1)]))
+    assert isinstance(result.error, InvalidInput)
+
+
+def test_writes_and_results_round_trip_the_wire() -> None:
+    intents = [
+        _write(Mode.CREATE, t=1),
+        Intent(Mode.APPEND_STRICT, "x", None, "/a", "t", {}, True, True, True, "c", True),
+    ]
+    assert decode_writes(encode_writes(intents)) == intents
+    entities = Entities(MemoryEngine())
+    results = asyncio.run(entities.apply([*intents[:1], *intents[:1]]))
+    decoded = decode_results(encode_results(results))
+    assert decoded[0].document == results[0].document
+    assert decoded[0].change == results[0].change
+    assert isinstance(decoded[1].error, AlreadyExists)
+    assert str(decoded[1].error) == str(results[1].error)
+
+
+def test_another_wire_version_is_refused() -> None:
+    assert unpack(pack([1, 2])) == [1, 2]
+    import msgpack
+
+    with pytest.raises(SerializationError, match="wire version"):
+        unpack(msgpack.packb([99, []]))
+    with pytest.raises(SerializationError):
+        unpack(b"\xc1")
+    with pytest.raises(SerializationError):
+        decode_writes(pack([["nonsense"]]))
