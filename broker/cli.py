@@ -19,6 +19,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench spark               broker.bench.spark
     silbo bench chaos               broker.bench.chaos
     silbo bench storage             broker.bench.storage
+    silbo bench context             broker.bench.context
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from broker import __version__, demo, demo_cluster
-from broker.bench import chaos, e2e, match, ngsi, scale, spark, storage
-from broker.commands import admin, down, publish, replay, run, subscribe, up
+from broker.bench import chaos, context, e2e, match, ngsi, scale, spark, storage
+from broker.commands import admin, down, publish, read, replay, run, subscribe, up
 from broker.errors import MissingExtra
 
 __all__ = ["build_parser", "main"]
@@ -51,6 +52,8 @@ _COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
     ("down", down.HELP, down.configure),
     ("publish", "publish one context update (NAME[:TYPE]=VALUE attributes)", publish.configure),
     ("subscribe", "subscribe; print each notification as one JSON line", subscribe.configure),
+    ("get", "print one entity (the context store's; --json for NGSI JSON)", read.configure_get),
+    ("query", "print the entities a query finds (NGSI v2 parameters)", read.configure_query),
     ("replay", replay.HELP, replay.configure),
 )
 
@@ -63,6 +66,11 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
     ("spark", "the Spark matcher against the in-process engine, same input", spark.configure),
     ("chaos", "faults injected into a cluster under load, checked by an oracle", chaos.configure),
     ("storage", "the context store's engines: durable writes, reads, size", storage.configure),
+    (
+        "context",
+        "the context store layer's processes: writes, GETs, q queries, memory",
+        context.configure,
+    ),
 )
 
 

@@ -237,6 +237,66 @@ class Client:
         """The connection point in use."""
         return self._targets[self._target]
 
+    # -- reading ------------------------------------------------------------------------
+
+    def get_entity(
+        self,
+        entity_id: str,
+        *,
+        entity_type: str | None = None,
+        tenant: str = "",
+        service_path: str = "",
+        timeout: float = 30.0,
+        **params: str,
+    ) -> dict[str, object]:
+        """One entity as ``GET /v2/entities/{id}`` answers it (``params``: attrs, metadata,
+        options...). NotFound if there is none; InvalidInput (409's ambiguity, a bad
+        parameter) or Unavailable as the cluster answers."""
+        if entity_type is not None:
+            params["type"] = entity_type
+        answer = self._query(entity_id, tenant, service_path, params, timeout)
+        found: dict[str, object] = json.loads(answer.json)
+        return found
+
+    def query(
+        self,
+        *,
+        tenant: str = "",
+        service_path: str = "",
+        timeout: float = 30.0,
+        **params: str,
+    ) -> tuple[list[dict[str, object]], int]:
+        """The entities ``GET /v2/entities`` answers with these parameters (``id``, ``type``,
+        ``idPattern``, ``q``, ``orderBy``, ``limit``, ``offset``, ``options``...), and how
+        many match in all."""
+        answer = self._query("", tenant, service_path, params, timeout)
+        found: list[dict[str, object]] = json.loads(answer.json)
+        return found, int(answer.count)
+
+    def _query(
+        self, entity_id: str, tenant: str, path: str, params: dict[str, str], timeout: float
+    ) -> pb.QueryAnswer:
+        self._check_open()
+        request = pb.QueryRequest(
+            tenant=tenant, service_path=path, entity_id=entity_id, params=params
+        )
+        for attempt in range(len(self._targets) + 1):
+            with self._lock:
+                target = self._target
+                stub = pb_grpc.ConnectionPointStub(self._connect())  # type: ignore[no-untyped-call]
+            try:
+                answer: pb.QueryAnswer = stub.Query(request, timeout=timeout)
+                return answer
+            except grpc.RpcError as exc:
+                code = exc.code()
+                details = str(exc.details())
+                if code is grpc.StatusCode.UNAVAILABLE and attempt < len(self._targets):
+                    with self._lock:
+                        self._move(target)  # that connection point is gone: the next one
+                    continue
+                raise error_for(code.name, details) from None
+        raise Unavailable("no connection point answered the query")
+
     # -- publishing -----------------------------------------------------------------------
 
     def publish(self, update: ContextUpdate | pb.Entity) -> None:

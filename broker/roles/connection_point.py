@@ -58,7 +58,9 @@ from broker.errors import (
     error_for,
     mapping_for,
 )
+from broker.model.identifiers import check_tenant
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
+from broker.ngsi.request import dumps
 from broker.roles.store_client import StoreClient
 from broker.runtime.answers import answered
 from broker.runtime.backup import Outbox, Seen
@@ -67,8 +69,12 @@ from broker.runtime.link import MAX_MESSAGE, Link, LinkState
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.serialization import pack_subscription, packb
-from broker.store.client import EntityStore
+from broker.store.client import EntityStore, LocalEntities
 from broker.store.layout import read_store_layout
+from broker.store.parameters import parse_entity_get, parse_entity_query
+from broker.store.query import one
+from broker.store.reading import StoreReader
+from broker.store.rendering import render, render_page
 from broker.wire import client_pb2 as pb
 from broker.wire import client_pb2_grpc as pb_grpc
 from broker.wire import internal_pb2 as wire
@@ -191,6 +197,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._publishers_moved = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
+        self.entities: EntityStore = LocalEntities()  # the context store's, once started
+        self._reader = StoreReader(lambda: self.entities)
         self._placed_under: Configuration | None = None  # the configuration last followed
         self._stopping = False
         self._outbox = Outbox()  # update batches sent on, kept until delivered
@@ -215,6 +223,11 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 request_deserializer=_lenient(pb.SessionRequest),
                 response_serializer=_serialize,
             ),
+            "Query": grpc.unary_unary_rpc_method_handler(
+                self.Query,
+                request_deserializer=_lenient(pb.QueryRequest),
+                response_serializer=pb.QueryAnswer.SerializeToString,
+            ),
         }
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("broker.wire.ConnectionPoint", handlers),)
@@ -238,6 +251,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._scale.on_change(self._follow_scale)
         self._choose_access_point()
         self._spawn(self._expire())
+        self.entities = await _entities(context) or self.entities
         if context.options.http_listen:
             self._front = await _FrontPort(self).start(context)
 
@@ -254,9 +268,34 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._outbox.fail_all("the connection point is stopping; publish again elsewhere")
         if self._link is not None:
             await self._link.close()
+        await self.entities.close()
 
     def status(self) -> tuple[int, int]:
         return 0, sum(len(s.subscriptions) for s in self._sessions.values())
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def Query(
+        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.QueryAnswer:
+        """Entities read from the context store, as the HTTP front answers them."""
+        try:
+            if isinstance(request, _Malformed):
+                raise request.error
+            tenant = check_tenant(request.tenant.strip().lower())
+            params = dict(request.params)
+            path = request.service_path or None
+            if request.entity_id:
+                one_query = parse_entity_get(request.entity_id, params, tenant, path)
+                found = one(await self._reader.query(one_query))
+                return pb.QueryAnswer(json=dumps(render(found, one_query)), count=1)
+            query = parse_entity_query(params, tenant, path)
+            page = await self._reader.query(query)
+            return pb.QueryAnswer(json=dumps(render_page(page, query)), count=page.count)
+        except SilboError as exc:
+            code = getattr(grpc.StatusCode, mapping_for(exc).grpc_status)
+            await context.abort(code, str(exc))
+            raise AssertionError("abort returns no more") from exc
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -991,7 +1030,7 @@ class _FrontPort:
                 count=lambda outcome, n: context.metrics.notifications.labels(outcome).inc(n),
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
-            await _entities(context),
+            self._cp.entities,
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))

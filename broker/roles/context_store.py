@@ -6,7 +6,7 @@ durable) and ``ContextStore.Query`` (its partitions' part of an entity or types 
 (``--store-dir``; RocksDB by default, broker.store.engine). It announces itself under
 ``/stores/<store id>`` (broker.store.layout) and creates the store layout if the cluster has
 none. Every second it deletes the entities whose ``dateExpires`` passed (reads never show
-them in between).
+them in between) and forgets the outcomes of writes older than ``WRITE_IDS_KEPT``.
 
 Failures (docs/failures.md): a store killed loses nothing it answered (an answer follows the
 fsync); its supervisor restarts it on the same directory, and the fronts' writes and reads
@@ -29,8 +29,14 @@ from grpc import aio
 
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.process import ProcessContext
-from broker.store.engine import DEFAULT_ENGINE, Engine, GroupCommitter, open_engine
-from broker.store.entities import Entities, StoreFailed
+from broker.store.engine import (
+    DEFAULT_ENGINE,
+    Engine,
+    GroupCommitter,
+    StorageError,
+    open_engine,
+)
+from broker.store.entities import WRITE_IDS_KEPT, Entities, StoreFailed
 from broker.store.layout import (
     LayoutWatch,
     check_store_id,
@@ -185,7 +191,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             await asyncio.sleep(EXPIRY_PERIOD)
             try:
                 gone = await entities.expire()
-            except StoreFailed as exc:
+                await asyncio.to_thread(entities.forget_writes, time.time() - WRITE_IDS_KEPT)
+            except (StoreFailed, StorageError) as exc:
                 self._fail(exc)
                 return
             if gone:

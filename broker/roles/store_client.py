@@ -8,9 +8,9 @@ seconds, then the request is refused with :class:`~broker.errors.Unavailable` (H
 with Retry-After, docs/failures.md): a write is never answered before its store has made
 it durable, and never silently dropped.
 
-A write sent again after a failure whose outcome is unknown (the store died with the write
-in flight) may apply twice; writes carry no id yet that would let the store answer the
-first outcome instead (docs/context-store.md, "What is left").
+Each write carries an id (broker.store.entities.new_write_id): sent again after a failure
+whose outcome is unknown (the call failed after it left), it is applied once and answered
+with its first outcome.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Final
 
 import grpc
@@ -28,7 +29,7 @@ from kazoo.client import KazooClient
 from broker.errors import SilboError, Unavailable
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.token import call_metadata
-from broker.store.entities import partition_of
+from broker.store.entities import new_write_id, partition_of
 from broker.store.layout import LayoutWatch, StoreLayout
 from broker.store.semantics import Applied
 from broker.store.wire import Intent, decode_results, encode_writes
@@ -71,6 +72,7 @@ class StoreClient:
         the stores in parallel); Unavailable if a store did not serve within STORE_WAIT."""
         by_store: dict[str, list[int]] = {}
         layout = self._layout()
+        intents = [i if i.write_id else replace(i, write_id=new_write_id()) for i in intents]
         for index, intent in enumerate(intents):
             holder = layout.holder(partition_of(intent.tenant, intent.entity_id))
             by_store.setdefault(holder, []).append(index)

@@ -13,6 +13,12 @@ prefix scan (that is how a write without a type finds its entity, and how Orion'
 an ambiguous id is told), and a partition is one contiguous range of keys (a scale copies
 ranges, docs/context-store.md).
 
+Writes sent again: a front gives each write an id (:func:`new_write_id`) and sends it again,
+with the same id, when it cannot know whether the store applied it (the call failed after
+it left). The store keeps each write's outcome under ``w`` and its id, in the write's own
+commit, for :data:`WRITE_IDS_KEPT` seconds: a write id it knows is answered with the first
+outcome, never applied twice (``$inc`` is not idempotent).
+
 Order and concurrency: writes are applied one at a time on the event loop, in the order
 they arrive; their commits are grouped (one fsync for many writes). A write reads the
 entity as the writes before it left it, committed or not (:attr:`Entities._pending`), so two
@@ -23,37 +29,51 @@ stops serving (:class:`StoreFailed`) and is restarted from what is durable.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import os
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Final
+
+import msgpack
 
 from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.store.engine import Engine, GroupCommitter, StorageError
 from broker.store.semantics import Applied, Document, Mode, apply
-from broker.store.wire import Intent
+from broker.store.wire import Intent, applied_of, result_row
 
 __all__ = [
     "PARTITIONS",
+    "WRITE_IDS_KEPT",
     "Entities",
     "MemoryEngine",
     "StoreFailed",
     "document_key",
+    "new_write_id",
     "partition_of",
 ]
 
+WRITE_IDS_KEPT: Final = 120.0  # seconds a write's outcome is kept for a sender's retry
 PARTITIONS: Final = 256  # fixed: a store layout divides these among the store processes
 _DOCUMENTS: Final = b"d"
 _EXPIRY: Final = b"x"
+_WRITES: Final = b"w"  # w, write id (8 bytes of ms, 8 random): the outcome (module doc)
 _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
 
 class StoreFailed(Unavailable):
     """The store's storage failed; it serves nothing more (its process restarts)."""
+
+
+def new_write_id(now: float | None = None) -> bytes:
+    """A fresh write id: the time in ms (8 bytes, so ids sort by age), then 8 random bytes."""
+    moment = time.time() if now is None else now
+    return int(moment * 1000).to_bytes(8, "big") + os.urandom(8)
 
 
 def partition_of(tenant: str, entity_id: str) -> int:
@@ -92,6 +112,18 @@ def _expiry_key(expires: float, key: bytes) -> bytes:
     return _EXPIRY + max(0, int(expires * 1000)).to_bytes(8, "big") + key
 
 
+@dataclass
+class _Staged:
+    """Writes applied, to be committed: their results and what the commit holds."""
+
+    results: list[Applied] = field(default_factory=list)
+    puts: list[tuple[bytes, bytes]] = field(default_factory=list)
+    deletes: list[bytes] = field(default_factory=list)
+    tickets: list[tuple[bytes, int]] = field(default_factory=list)  # pending documents held
+    ids: list[bytes] = field(default_factory=list)  # write ids applied here
+    waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
+
+
 class Entities:
     """The entities of one engine (module doc). One event loop uses it."""
 
@@ -101,6 +133,8 @@ class Entities:
         self._pending: dict[bytes, tuple[int, bytes | None]] = {}  # key: (ticket, value)
         self._pending_ids: dict[bytes, set[bytes]] = {}  # id prefix: its pending keys
         self._ticket = 0
+        # write ids applied but not yet durable: their outcome, set once durable
+        self._staged: dict[bytes, tuple[Applied, asyncio.Event]] = {}
         self._failed: BaseException | None = None
         self.writes = 0  # writes answered
         self.modified = 0  # writes that changed a document
@@ -113,64 +147,103 @@ class Entities:
         A write that fails (NotFound, Unprocessable, 409...) has its error in its result and
         changes nothing; the others apply. Raises StoreFailed if the storage failed.
         """
-        results, puts, deletes, tickets = self._stage(intents, now)
-        if puts or deletes:
+        staged = self._stage(intents, now)
+        if staged.puts or staged.deletes:
             try:
                 if self._committer is not None:
-                    await self._committer.write(puts, deletes)
+                    await self._committer.write(staged.puts, staged.deletes)
                 else:
-                    self._engine.commit(puts, deletes)
+                    self._engine.commit(staged.puts, staged.deletes)
             except (StorageError, OSError) as exc:
                 self._failed = exc
                 raise StoreFailed(f"the context store's storage failed: {exc}") from exc
             finally:
-                for key, ticket in tickets:
-                    self._release(key, ticket)
-        self.writes += len(results)
-        self.modified += len(tickets)
-        return results
+                self._settle(staged)
+        else:
+            self._settle(staged)
+        for event in staged.waits:  # a write sent again while its first sending commits
+            await event.wait()
+        self._check_serving()
+        return staged.results
 
     def apply_now(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
         """:meth:`apply`, at once, for entities without a group committer (in memory)."""
         if self._committer is not None:
             raise RuntimeError("apply_now is for entities without a group committer")
-        results, puts, deletes, tickets = self._stage(intents, now)
-        self._engine.commit(puts, deletes)
-        for key, ticket in tickets:
-            self._release(key, ticket)
-        self.writes += len(results)
-        self.modified += len(tickets)
-        return results
+        staged = self._stage(intents, now)
+        try:
+            self._engine.commit(staged.puts, staged.deletes)
+        finally:
+            self._settle(staged)
+        return staged.results
 
-    def _stage(
-        self, intents: Sequence[Intent], now: float | None
-    ) -> tuple[list[Applied], list[tuple[bytes, bytes]], list[bytes], list[tuple[bytes, int]]]:
-        """Apply the writes to what is stored or pending: the results, what to commit, and
-        the pending entries the commit releases."""
+    def _settle(self, staged: _Staged) -> None:
+        """The commit of ``staged`` ended: release its pending documents and write ids."""
+        for key, ticket in staged.tickets:
+            self._release(key, ticket)
+        for write_id in staged.ids:
+            self._staged.pop(write_id)[1].set()
+        self.writes += len(staged.results)
+        self.modified += len(staged.tickets)
+
+    def _stage(self, intents: Sequence[Intent], now: float | None) -> _Staged:
+        """Apply the writes to what is stored or pending: the results, what to commit, the
+        pending entries the commit releases."""
         self._check_serving()
         moment = time.time() if now is None else now
-        results: list[Applied] = []
-        puts: list[tuple[bytes, bytes]] = []
-        deletes: list[bytes] = []
-        tickets: list[tuple[bytes, int]] = []
+        staged = _Staged()
         for intent in intents:
+            if intent.write_id:
+                known = self._known(intent.write_id, staged)
+                if known is not None:  # sent again: the first outcome, not a second one
+                    staged.results.append(known)
+                    continue
             applied, key = self._apply_one(intent, moment)
-            results.append(applied)
+            staged.results.append(applied)
+            if intent.write_id:
+                self._staged[intent.write_id] = (applied, asyncio.Event())
+                staged.ids.append(intent.write_id)
+                row = msgpack.packb(result_row(applied), use_bin_type=True)
+                staged.puts.append((_WRITES + intent.write_id, row))
             if applied.modified and key is not None:
                 value = applied.document.to_bytes() if applied.document is not None else None
-                tickets.append((key, self._hold(key, value)))
+                staged.tickets.append((key, self._hold(key, value)))
                 if value is None:
-                    deletes.append(key)
+                    staged.deletes.append(key)
                 else:
-                    puts.append((key, value))
+                    staged.puts.append((key, value))
                 was = applied.before.date_expires if applied.before is not None else None
                 will = applied.document.date_expires if applied.document is not None else None
                 if was != will:  # the expiry index follows (committed with the document)
                     if was is not None:
-                        deletes.append(_expiry_key(was, key))
+                        staged.deletes.append(_expiry_key(was, key))
                     if will is not None:
-                        puts.append((_expiry_key(will, key), b""))
-        return results, puts, deletes, tickets
+                        staged.puts.append((_expiry_key(will, key), b""))
+        return staged
+
+    def _known(self, write_id: bytes, staging: _Staged) -> Applied | None:
+        """The outcome of a write applied before under ``write_id`` (staged or durable)."""
+        staged = self._staged.get(write_id)
+        if staged is not None:
+            staging.waits.append(staged[1])
+            return staged[0]
+        row = self._engine.get(_WRITES + write_id)
+        if row is None:
+            return None
+        return applied_of(msgpack.unpackb(row, raw=False, strict_map_key=False))
+
+    def forget_writes(self, before: float, most: int = 50_000) -> int:
+        """Drop the outcomes kept of (at most ``most``) writes sent before ``before`` (epoch
+        seconds: a write id begins with its sending time in ms); how many went."""
+        cutoff = max(0, int(before * 1000)).to_bytes(8, "big")
+        old: list[bytes] = []
+        for key, _value in self._engine.scan(_WRITES):
+            if key[1:9] >= cutoff or len(old) >= most:
+                break
+            old.append(key)
+        if old:
+            self._engine.commit([], old)
+        return len(old)
 
     def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None]:
         try:

@@ -42,12 +42,14 @@ __all__ = [
     "ERRORS",
     "WIRE_VERSION",
     "Intent",
+    "applied_of",
     "decode_results",
     "decode_writes",
     "encode_results",
     "encode_writes",
     "error_of",
     "pack",
+    "result_row",
     "unpack",
 ]
 
@@ -87,6 +89,7 @@ class Intent:
     value_only: bool = False
     correlator: str = ""
     upsert: bool = False  # a missing entity is created (batch appendStrict, as Orion)
+    write_id: bytes = b""  # the sender's id of this write: sent again, it applies once
 
     def resolved(self, entity_type: str) -> Write:
         """The write, once its entity's type is known."""
@@ -139,6 +142,7 @@ def encode_writes(writes: Sequence[Intent]) -> bytes:
                 w.value_only,
                 w.correlator,
                 w.upsert,
+                w.write_id,
             ]
             for w in writes
         ]
@@ -161,6 +165,7 @@ def decode_writes(data: bytes) -> list[Intent]:
                 bool(row[8]),
                 row[9],
                 bool(row[10]),
+                bytes(row[11]),
             )
             for row in unpack(data)
         ]
@@ -170,10 +175,11 @@ def decode_writes(data: bytes) -> list[Intent]:
 
 def encode_results(results: Sequence[Applied]) -> bytes:
     """The body of an ``Apply`` answer."""
-    return pack([_result(a) for a in results])
+    return pack([result_row(a) for a in results])
 
 
-def _result(applied: Applied) -> list[Any]:
+def result_row(applied: Applied) -> list[Any]:
+    """One result as plain data (msgpack-able; :func:`applied_of` reads it)."""
     change = applied.change
     return [
         applied.before.to_bytes() if applied.before is not None else None,
@@ -198,12 +204,13 @@ def _result(applied: Applied) -> list[Any]:
 def decode_results(data: bytes) -> list[Applied]:
     """The results of an ``Apply`` answer, in the order of its writes."""
     try:
-        return [_applied(row) for row in unpack(data)]
+        return [applied_of(row) for row in unpack(data)]
     except (ValueError, TypeError, IndexError) as exc:
         raise SerializationError(f"not a context store result: {exc}") from exc
 
 
-def _applied(row: list[Any]) -> Applied:
+def applied_of(row: list[Any]) -> Applied:
+    """The result :func:`result_row` gave."""
     before, document, change, previous, actions, modified, operators, error = row
     return Applied(
         Document.from_bytes(before) if before is not None else None,

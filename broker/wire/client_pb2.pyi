@@ -199,3 +199,30 @@ class SessionEvent(_message.Message):
     notifications: NotificationBatch
     moved: Moved
     def __init__(self, ack: _Optional[_Union[SessionAck, _Mapping]] = ..., notifications: _Optional[_Union[NotificationBatch, _Mapping]] = ..., moved: _Optional[_Union[Moved, _Mapping]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("tenant", "service_path", "entity_id", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_PATH_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    service_path: str
+    entity_id: str
+    params: _containers.ScalarMap[str, str]
+    def __init__(self, tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., entity_id: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class QueryAnswer(_message.Message):
+    __slots__ = ("json", "count")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    count: int
+    def __init__(self, json: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...

@@ -44,6 +44,11 @@ class ConnectionPointStub:
                 request_serializer=broker_dot_wire_dot_client__pb2.SessionRequest.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_client__pb2.SessionEvent.FromString,
                 _registered_method=True)
+        self.Query = channel.unary_unary(
+                '/broker.wire.ConnectionPoint/Query',
+                request_serializer=broker_dot_wire_dot_client__pb2.QueryRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_client__pb2.QueryAnswer.FromString,
+                _registered_method=True)
 
 
 class ConnectionPointServicer:
@@ -63,6 +68,13 @@ class ConnectionPointServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Query(self, request, context):
+        """Read entities (the context store's; issue 17).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConnectionPointServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +87,11 @@ def add_ConnectionPointServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=broker_dot_wire_dot_client__pb2.SessionRequest.FromString,
                     response_serializer=broker_dot_wire_dot_client__pb2.SessionEvent.SerializeToString,
+            ),
+            'Query': grpc.unary_unary_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=broker_dot_wire_dot_client__pb2.QueryRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_client__pb2.QueryAnswer.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -131,6 +148,33 @@ class ConnectionPoint:
             '/broker.wire.ConnectionPoint/Session',
             broker_dot_wire_dot_client__pb2.SessionRequest.SerializeToString,
             broker_dot_wire_dot_client__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ConnectionPoint/Query',
+            broker_dot_wire_dot_client__pb2.QueryRequest.SerializeToString,
+            broker_dot_wire_dot_client__pb2.QueryAnswer.FromString,
             options,
             channel_credentials,
             insecure,

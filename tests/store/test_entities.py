@@ -10,7 +10,14 @@ import pytest
 from broker.errors import AlreadyExists, AmbiguousEntity, InvalidInput, NotFound, SerializationError
 from broker.model.change import Alteration
 from broker.store.engine import GroupCommitter, open_engine
-from broker.store.entities import PARTITIONS, Entities, MemoryEngine, document_key, partition_of
+from broker.store.entities import (
+    PARTITIONS,
+    Entities,
+    MemoryEngine,
+    document_key,
+    new_write_id,
+    partition_of,
+)
 from broker.store.semantics import Mode
 from broker.store.wire import (
     Intent,
@@ -174,3 +181,39 @@ def test_another_wire_version_is_refused() -> None:
         unpack(b"\xc1")
     with pytest.raises(SerializationError):
         decode_writes(pack([["nonsense"]]))
+
+
+def test_a_write_sent_again_applies_once_and_answers_its_first_outcome(tmp_path: Path) -> None:
+    async def run() -> tuple[list[object], int]:
+        engine = open_engine("rocksdb", tmp_path / "db")
+        committer = GroupCommitter(engine)
+        entities = Entities(engine, committer)
+        await entities.apply([_write(Mode.CREATE, n=0)])
+        write_id = new_write_id()
+        inc = Intent(Mode.UPDATE, "E1", "T", "/", "", {"n": _attr({"$inc": 5})}, write_id=write_id)
+        # the second sending arrives while the first is still being committed, the third after
+        first, second = await asyncio.gather(entities.apply([inc]), entities.apply([inc]))
+        (third,) = await entities.apply([inc])
+        await committer.close()
+        engine.close()
+        reopened = Entities(open_engine("rocksdb", tmp_path / "db"))
+        (fourth,) = await reopened.apply([inc])  # after a restart: still known
+        (stored,) = reopened.documents("", ["E1"])
+        answers = [first[0], second[0], third, fourth]
+        values = [a.document.attributes["n"]["value"] for a in answers if a.document]
+        return values, stored.attributes["n"]["value"]
+
+    values, stored = asyncio.run(run())
+    assert values == [5, 5, 5, 5] and stored == 5
+
+
+def test_write_outcomes_are_forgotten_after_a_while() -> None:
+    entities = Entities(MemoryEngine())
+    old = Intent(Mode.CREATE, "A", "T", "/", "", {}, write_id=new_write_id(1000.0))
+    new = Intent(Mode.CREATE, "B", "T", "/", "", {}, write_id=new_write_id(5000.0))
+    entities.apply_now([old, new])
+    assert entities.forget_writes(3000.0) == 1
+    (again,) = entities.apply_now([old])
+    assert isinstance(again.error, AlreadyExists)  # forgotten: applied anew (and refused)
+    (known,) = entities.apply_now([new])
+    assert known.change is not None  # still known: the first outcome
