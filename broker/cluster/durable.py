@@ -91,7 +91,7 @@ def write_layout(state_dir: Path, counts: Mapping[str, int]) -> None:
     """Keep the layer sizes (atomically: a crash leaves the old file or the new one)."""
     path = state_dir / LAYOUT_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({layer: int(counts[layer]) for layer in LAYERS}) + "\n")
+    tmp.write_text(json.dumps({layer: int(counts.get(layer, 0)) for layer in LAYERS}) + "\n")
     tmp.replace(path)
 
 

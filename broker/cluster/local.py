@@ -623,7 +623,7 @@ class LocalCluster:
         """Write the store layout of ``context_stores`` stores, or check the kept one has
         that many (the store layer cannot be scaled yet: docs/context-store.md)."""
         wanted = [store_id_of(n + 1) for n in range(self.spec.context_stores)]
-        layout = create_store_layout(client, wanted)
+        layout = create_store_layout(client, wanted, replicas=self.spec.replicas)
         if list(layout.stores) != wanted:
             raise ClusterError(
                 f"cluster {self.spec.cluster} keeps its entities in {len(layout.stores)} context "

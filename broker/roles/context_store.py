@@ -5,14 +5,33 @@ durable) and ``ContextStore.Query`` (its partitions' part of an entity or types 
 :class:`~broker.store.entities.Entities` on the embedded storage of its directory
 (``--store-dir``; RocksDB by default, broker.store.engine). It announces itself under
 ``/stores/<store id>`` (broker.store.layout) and creates the store layout if the cluster has
-none. Every second it deletes the entities whose ``dateExpires`` passed (reads never show
-them in between) and forgets the outcomes of writes older than ``WRITE_IDS_KEPT``.
+none. Every second it deletes the entities whose ``dateExpires`` passed in the partitions
+it is the primary of (reads never show them in between) and forgets the outcomes of writes
+older than ``WRITE_IDS_KEPT``.
 
-Failures (docs/failures.md): a store killed loses nothing it answered (an answer follows the
-fsync); its supervisor restarts it on the same directory, and the fronts' writes and reads
-of its partitions wait for it (then 503). A storage failure stops the process (exit 1), to be
-restarted from what is durable. A store whose ZooKeeper session expired exits (fenced) like
-every member, and its ``/stores`` entry goes with the session.
+Replicas (broker.store.layout has the rules): each partition is held by ``replicas``
+stores; its primary applies its writes and answers its reads. A write is answered once it
+is durable here and on every other live holder (``Replicate``: the new states, shipped in
+order by one :class:`_Shipper` per backup, one call in flight, many writes per call). A
+backup that does not take them within :data:`SHIP_TIMEOUT` is removed from the in-sync set
+and its registration deleted (its process stops, restarts, and recovers), and so is an
+in-sync holder that is not live, before the write is answered: no store in the in-sync set
+ever misses an acknowledged write, so the next primary has them all. The other way round,
+each in-sync holder probes the primaries of its partitions (``Admin.Status`` every
+:data:`PROBE_PERIOD`) and fences one that fails :data:`PROBE_FAILURES` probes in a row:
+its partitions fail over in about a second after a kill -9 or a SIGSTOP. Fencing is one
+ZooKeeper transaction that needs the fencer in sync, so of two stores fencing each other
+only one does, and one that cannot fence stops. A store that starts out
+of sync is *recovering*: it copies its partitions from their primaries (``Snapshot``; their
+new writes come to it meanwhile, and win over the copy), joins the in-sync set, takes back
+the partitions it ranks first for (``Yield``: the old primary stops writing them and lets
+its writes in flight finish) and serves.
+
+Failures (docs/failures.md): a store killed loses nothing it answered. Its partitions' next
+holder serves them at once (the fronts retry on it); with one replica, they wait for the
+store to be restarted on its directory (then 503). A storage failure stops the process
+(exit 1), to be restarted from what is durable. A store whose registration is gone (its
+ZooKeeper session expired, or a primary removed it) exits (fenced).
 """
 
 from __future__ import annotations
@@ -20,15 +39,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 from grpc import aio
+from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import InvalidInput, SilboError
-from broker.runtime.process import ProcessContext
+from broker.runtime.link import CHANNEL_OPTIONS
+from broker.runtime.process import EXIT_FENCED, ProcessContext
+from broker.runtime.token import call_metadata
 from broker.store.engine import (
     DEFAULT_ENGINE,
     Engine,
@@ -36,22 +60,41 @@ from broker.store.engine import (
     StorageError,
     open_engine,
 )
-from broker.store.entities import WRITE_IDS_KEPT, Entities, StoreFailed
+from broker.store.entities import (
+    WRITE_IDS_KEPT,
+    Entities,
+    StoreFailed,
+    key_partition,
+    partition_of,
+)
 from broker.store.layout import (
+    RECOVERING,
+    SERVING,
+    STORES,
     LayoutWatch,
+    StoreView,
     check_store_id,
     create_store_layout,
+    fence_store,
+    mark_in_sync,
     read_store_layout,
     register_store,
+    set_store_state,
 )
-from broker.store.reading import answer_query
-from broker.store.wire import decode_writes, encode_results
+from broker.store.reading import answer_query, read_query_body
+from broker.store.wire import decode_writes, encode_results, pack, unpack
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
-__all__ = ["EXPIRY_PERIOD", "ContextStore", "store_identity"]
+__all__ = ["EXPIRY_PERIOD", "SHIP_TIMEOUT", "ContextStore", "store_identity"]
 
 EXPIRY_PERIOD: Final = 1.0  # seconds between sweeps of expired entities
+SHIP_TIMEOUT: Final = 3.0  # seconds a backup may take to store a shipment
+SNAPSHOT_CHUNK: Final = 2000  # keys per Snapshot message
+PROBE_PERIOD: Final = 0.25  # seconds between probes of the primaries of partitions held here
+PROBE_TIMEOUT: Final = 1.0  # seconds a probe may take
+PROBE_FAILURES: Final = 2  # probes failed in a row before the primary is fenced
+YIELD_HOLD: Final = 10.0  # seconds a yielded partition stays refused without the view agreeing
 _ID_FILE: Final = "STORE_ID"
 
 _log = logging.getLogger(__name__)
@@ -83,9 +126,18 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._engine: Engine | None = None
         self._committer: GroupCommitter | None = None
         self._entities: Entities | None = None
-        self._layout: LayoutWatch | None = None
-        self._expiry: asyncio.Task[None] | None = None
+        self._watch: LayoutWatch | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._shippers: dict[str, _Shipper] = {}
+        self._copying: dict[str, str] = {}  # a recovering store we ship to: its address
+        self._shipped: set[bytes] | None = None  # while recovering: keys a primary shipped
+        self._copy_lock = asyncio.Lock()  # while recovering: copies and shipments in turn
+        self._yielded: dict[int, float] = {}  # partition given back: until when it is refused
+        self._in_flight: dict[int, set[int]] = {}  # applies running: their partitions
+        self._settled = asyncio.Event()
+        self._numbers = iter(range(1, 1 << 62))
         self.store_id = ""
+        self.state = RECOVERING
 
     def add_to(self, server: aio.Server) -> None:
         wire_grpc.add_ContextStoreServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -103,43 +155,58 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         zk = context.zk
         if await asyncio.to_thread(read_store_layout, zk) is None:
             await asyncio.to_thread(create_store_layout, zk, [self.store_id])
+        self._watch = await asyncio.to_thread(LayoutWatch, zk)
+        in_sync = await asyncio.to_thread(zk.exists, f"/store-sync/{self.store_id}")
+        self.state = SERVING if in_sync else RECOVERING
         await asyncio.to_thread(
-            register_store, zk, self.store_id, context.member.address, context.member.name
+            register_store,
+            zk,
+            self.store_id,
+            context.member.address,
+            context.member.name,
+            self.state,
         )
-        self._layout = await asyncio.to_thread(LayoutWatch, zk)
-        layout = self._layout.layout
+        DataWatch(zk, f"{STORES}/{self.store_id}", self._registration_changed)
+        layout = self._watch.layout
         if layout is not None and self.store_id not in layout.stores:
             _log.warning(
                 "store %s is not in the cluster's store layout (%s): it holds no partition",
                 self.store_id,
                 ", ".join(layout.stores),
             )
-        self._expiry = asyncio.create_task(self._expire(), name="expiry")
+        self._tasks.append(asyncio.create_task(self._sweep(), name="expiry"))
+        self._tasks.append(asyncio.create_task(self._probe(), name="probe"))
+        if self.state == RECOVERING:
+            self._shipped = set()
+            self._tasks.append(asyncio.create_task(self._recover(), name="recovery"))
         _log.info(
-            "context store %s on %s (%s, %d keys)",
+            "context store %s on %s (%s, %d keys): %s",
             self.store_id,
             directory,
             self._engine.kind,
             await asyncio.to_thread(self._engine.count),
+            self.state,
         )
 
     async def stop(self) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry
-        if self._layout is not None:
-            self._layout.stop()
+                await task
+        for shipper in self._shippers.values():
+            await shipper.close()
+        if self._watch is not None:
+            self._watch.stop()
         if self._committer is not None:
             await self._committer.close()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.close)
 
     def status(self) -> tuple[int, int]:
-        layout = self._layout.layout if self._layout is not None else None
+        layout = self._watch.layout if self._watch is not None else None
         return (layout.version if layout else 0), 0
 
-    # -- the service --------------------------------------------------------------------------
+    # -- writes -------------------------------------------------------------------------------
 
     async def Apply(
         self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
@@ -149,22 +216,276 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             intents = decode_writes(request.body)
         except SilboError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        view = self._view()
+        partitions = {partition_of(i.tenant, i.entity_id) for i in intents}
+        for partition in partitions:
+            if not self._primary_of(view, partition):
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"store {self.store_id} is not the primary of partition {partition} "
+                    f"(it is {view.primary(partition)})",
+                )
+        number = next(self._numbers)
+        self._in_flight[number] = partitions
         try:
-            results = await entities.apply(intents)
+            results = await entities.apply(
+                intents, replicate=lambda puts, deletes: self._replicate(view, puts, deletes)
+            )
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except SilboError as exc:  # the in-sync set could not be changed: we cannot answer
+            self._fail(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finally:
+            del self._in_flight[number]
+            self._settled.set()
         return wire.StoreAnswer(body=encode_results(results))
+
+    def _primary_of(self, view: StoreView, partition: int) -> bool:
+        if view.primary(partition) != self.store_id:
+            return False
+        until = self._yielded.get(partition)
+        if until is None:
+            return True
+        if time.monotonic() < until:
+            return False
+        del self._yielded[partition]
+        return True
+
+    async def _replicate(
+        self, view: StoreView, puts: list[tuple[bytes, bytes]], deletes: list[bytes]
+    ) -> None:
+        """Make a write's new states durable on every other live holder of their partitions;
+        remove from the in-sync set the holders that are not live (module doc)."""
+        layout = view.layout
+        if layout is None:
+            return
+        by_store: dict[str, tuple[list[tuple[bytes, bytes]], list[bytes]]] = {}
+        everyone: set[str] = set()
+        touched = {key_partition(k) for k, _v in puts} | {key_partition(k) for k in deletes}
+        stale: set[str] = set()
+        for partition in touched - {None}:
+            assert partition is not None
+            holders = layout.holders(partition)
+            backups = [s for s in view.backups(partition, self.store_id)]
+            backups += [s for s in self._copying if s in holders and s not in backups]
+            everyone.update(backups)
+            stale.update(
+                s
+                for s in holders
+                if s != self.store_id and s in view.in_sync and s not in view.addresses
+            )
+        for key, value in puts:
+            partition = key_partition(key)
+            for store in everyone if partition is None else _targets(layout, partition, everyone):
+                by_store.setdefault(store, ([], []))[0].append((key, value))
+        for key in deletes:
+            partition = key_partition(key)
+            for store in everyone if partition is None else _targets(layout, partition, everyone):
+                by_store.setdefault(store, ([], []))[1].append(key)
+        for store in stale:  # a dead in-sync holder would miss this write: out of the set
+            await self.fence(store, "is not live")
+        await asyncio.gather(
+            *(self._shipper(store).send(p, d) for store, (p, d) in by_store.items())
+        )
+
+    def _shipper(self, store: str) -> _Shipper:
+        shipper = self._shippers.get(store)
+        if shipper is None:
+            shipper = self._shippers[store] = _Shipper(self, store)
+        return shipper
+
+    def address_of(self, store: str) -> str | None:
+        """Where ``store`` serves, as this store knows it."""
+        return self._view().addresses.get(store) or self._copying.get(store)
+
+    async def fence(self, store: str, why: str) -> None:
+        """Take ``store`` out of the in-sync set and delete its registration (it stops);
+        if this store is itself out of sync, it stops instead (module doc)."""
+        _log.warning("store %s %s: fencing it", store, why)
+        fenced = await asyncio.to_thread(fence_store, self._zk(), self.store_id, store)
+        self._copying.pop(store, None)
+        if not fenced:
+            _log.error("context store %s is out of sync: it cannot fence; exiting", self.store_id)
+            os._exit(EXIT_FENCED)
+
+    async def Replicate(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        entities = self._serving()
+        try:
+            puts, deletes = unpack(request.body)
+            puts = [(bytes(k), bytes(v)) for k, v in puts]
+            deletes = [bytes(k) for k in deletes]
+        except (SilboError, ValueError, TypeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a shipment: {exc}")
+        try:
+            if self._shipped is None:
+                await entities.store(puts, deletes)
+            else:
+                async with self._copy_lock:  # recovering: these win over the copy
+                    self._shipped.update(k for k, _v in puts)
+                    self._shipped.update(deletes)
+                    await entities.store(puts, deletes)
+        except StoreFailed as exc:
+            self._fail(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return wire.StoreAnswer()
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    async def Snapshot(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> AsyncIterator[wire.StoreAnswer]:
+        entities = self._serving()
+        try:
+            store, address, partitions = unpack(request.body)
+            wanted = [int(p) for p in partitions]
+        except (SilboError, ValueError, TypeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a snapshot request: {exc}")
+        self._copying[str(store)] = str(address)  # its writes go to it from now on...
+        await self._barrier(set(wanted))  # ...and those in flight before are committed
+        chunk: list[tuple[bytes, bytes]] = []
+        for item in await asyncio.to_thread(lambda: list(entities.partition_items(wanted))):
+            chunk.append(item)
+            if len(chunk) >= SNAPSHOT_CHUNK:
+                yield wire.StoreAnswer(body=pack(chunk))
+                chunk = []
+        yield wire.StoreAnswer(body=pack(chunk))
+
+    async def Yield(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        try:
+            store, partitions = unpack(request.body)
+            wanted = {int(p) for p in partitions}
+        except (SilboError, ValueError, TypeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a yield request: {exc}")
+        until = time.monotonic() + YIELD_HOLD
+        for partition in wanted:
+            self._yielded[partition] = until
+        await self._barrier(wanted)
+        self._copying.pop(str(store), None)
+        return wire.StoreAnswer()
+
+    async def _barrier(self, partitions: set[int]) -> None:
+        """Wait until every apply running now on these partitions has ended."""
+        running = {n for n, touched in self._in_flight.items() if touched & partitions}
+        while running & set(self._in_flight):
+            self._settled.clear()
+            await self._settled.wait()
+
+    async def _recover(self) -> None:
+        """Copy every partition held here from its primary, then serve (module doc)."""
+        await asyncio.sleep(0.2)  # the gRPC server starts after start() returns
+        while True:
+            try:
+                await self._copy_all()
+                break
+            except (grpc.aio.AioRpcError, SilboError, _NotYet) as exc:
+                _log.info("store %s: recovery waits (%s)", self.store_id, exc)
+                await asyncio.sleep(0.5)
+        zk = self._zk()
+        await asyncio.to_thread(mark_in_sync, zk, self.store_id, True)
+        view = self._view()
+        layout = view.layout
+        first = [p for p in (layout.partitions_of(self.store_id) if layout else [])]
+        first = [p for p in first if layout is not None and layout.holder(p) == self.store_id]
+        by_primary: dict[str, list[int]] = {}
+        for partition in first:
+            primary = view.primary(partition)
+            if primary is not None and primary != self.store_id:
+                by_primary.setdefault(primary, []).append(partition)
+        for primary, partitions in by_primary.items():
+            with contextlib.suppress(grpc.aio.AioRpcError, _NotYet):
+                await self._call(primary, "Yield", pack([self.store_id, partitions]))
+        assert self._context is not None
+        member = self._context.member
+        await asyncio.to_thread(
+            set_store_state, zk, self.store_id, member.address, member.name, SERVING
+        )
+        self.state = SERVING
+        self._shipped = None
+        _log.info("context store %s recovered: serving", self.store_id)
+
+    async def _copy_all(self) -> None:
+        view = self._view()
+        layout = view.layout
+        if layout is None:
+            raise _NotYet("no store layout")
+        by_primary: dict[str, list[int]] = {}
+        for partition in layout.partitions_of(self.store_id):
+            primary = view.primary(partition)
+            if primary is None or primary == self.store_id:
+                raise _NotYet(f"partition {partition} has no primary to copy from")
+            by_primary.setdefault(primary, []).append(partition)
+        entities = self._serving()
+        assert self._context is not None
+        for primary, partitions in by_primary.items():
+            seen: set[bytes] = set()
+            body = pack([self.store_id, self._context.member.address, partitions])
+            async for chunk in self._stream(primary, body):
+                items = [(bytes(k), bytes(v)) for k, v in unpack(chunk)]
+                seen.update(k for k, _v in items)
+                async with self._copy_lock:
+                    shipped = self._shipped or set()
+                    await entities.store([(k, v) for k, v in items if k not in shipped], [])
+            local = await asyncio.to_thread(_keys, entities, partitions)
+            async with self._copy_lock:
+                shipped = self._shipped or set()
+                gone = [k for k in local if k not in seen and k not in shipped]
+                await entities.store([], gone)
+            _log.info(
+                "store %s copied %d partitions from %s (%d keys, %d stale removed)",
+                self.store_id,
+                len(partitions),
+                primary,
+                len(seen),
+                len(gone),
+            )
+
+    async def _stream(self, store: str, body: bytes) -> AsyncIterator[bytes]:
+        address = self.address_of(store)
+        if address is None:
+            raise _NotYet(f"store {store} is not live")
+        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
+            call = stub.Snapshot(wire.StoreRequest(body=body), metadata=call_metadata())
+            async for answer in call:
+                yield answer.body
+
+    async def _call(self, store: str, method: str, body: bytes) -> bytes:
+        address = self.address_of(store)
+        if address is None:
+            raise _NotYet(f"store {store} is not live")
+        async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
+            answer: wire.StoreAnswer = await getattr(stub, method)(
+                wire.StoreRequest(body=body), timeout=30.0, metadata=call_metadata()
+            )
+            return answer.body
+
+    # -- reads --------------------------------------------------------------------------------
 
     async def Query(
         self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
     ) -> wire.StoreAnswer:
         entities = self._serving()
-        layout = self._layout.layout if self._layout is not None else None
-        partitions = layout.partitions_of(self.store_id) if layout is not None else []
+        view = self._view()
+        try:
+            kind, query, asked = read_query_body(request.body)
+        except SilboError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a query: {exc}")
+        mine = {p for p in range(_partition_count(view)) if view.primary(p) == self.store_id}
+        if asked is not None and asked - mine:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"store {self.store_id} is not the primary of partitions {sorted(asked - mine)}",
+            )
         try:
             body = await asyncio.to_thread(
-                answer_query, entities, request.body, partitions, time.time()
+                answer_query, entities, kind, query, mine if asked is None else asked, time.time()
             )
         except StoreFailed as exc:
             self._fail(exc)
@@ -179,27 +500,174 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         assert self._entities is not None, "the store has not started"
         return self._entities
 
+    def _view(self) -> StoreView:
+        assert self._watch is not None, "the store has not started"
+        return self._watch.view
+
+    def _zk(self) -> Any:
+        assert self._context is not None
+        return self._context.zk
+
+    def _registration_changed(self, data: bytes | None, _stat: object) -> bool | None:
+        if data is None and self._context is not None:  # kazoo's thread
+            _log.error(
+                "context store %s: its registration is gone (fenced): exiting", self.store_id
+            )
+            os._exit(EXIT_FENCED)
+        return None
+
     def _fail(self, exc: BaseException) -> None:
-        """The storage failed: stop the process (its supervisor restarts it from disk)."""
+        """The storage (or the coordination a write needs) failed: stop the process (its
+        supervisor restarts it from disk)."""
         _log.error("context store %s: %s; stopping", self.store_id, exc)
         assert self._context is not None
-        self._context.loop.call_later(0.1, _exit_failed)
+        self._context.loop.call_later(0.1, os._exit, 1)
 
-    async def _expire(self) -> None:
+    async def _sweep(self) -> None:
         entities = self._serving()
         while True:
             await asyncio.sleep(EXPIRY_PERIOD)
             try:
-                gone = await entities.expire()
                 await asyncio.to_thread(entities.forget_writes, time.time() - WRITE_IDS_KEPT)
-            except (StoreFailed, StorageError) as exc:
+                if self.state != SERVING:
+                    continue
+                view = self._view()
+
+                async def replicate(
+                    puts: list[tuple[bytes, bytes]], deletes: list[bytes], v: StoreView = view
+                ) -> None:
+                    await self._replicate(v, puts, deletes)
+
+                count = _partition_count(view)
+                gone = await entities.expire(
+                    partitions={p for p in range(count) if self._primary_of(view, p)},
+                    replicate=replicate,
+                )
+            except (StoreFailed, StorageError, SilboError) as exc:
                 self._fail(exc)
                 return
             if gone:
                 _log.info("context store %s: %d expired entities deleted", self.store_id, gone)
 
+    async def _probe(self) -> None:
+        """Probe the primaries of the partitions held here; fence one that fails
+        PROBE_FAILURES probes in a row, so that its partitions fail over (module doc)."""
+        failures: dict[str, int] = {}
+        channels: dict[str, aio.Channel] = {}
+        while True:
+            await asyncio.sleep(PROBE_PERIOD)
+            view = self._view()
+            layout = view.layout
+            if self.state != SERVING or layout is None or self.store_id not in view.in_sync:
+                continue
+            held = layout.partitions_of(self.store_id)
+            primaries = {view.primary(p) for p in held}
+            targets = sorted(t for t in primaries if t is not None and t != self.store_id)
+            answers = await asyncio.gather(
+                *(self._alive(t, view.addresses.get(t), channels) for t in targets)
+            )
+            for target, alive in zip(targets, answers, strict=True):
+                failures[target] = 0 if alive else failures.get(target, 0) + 1
+                if failures[target] >= PROBE_FAILURES:
+                    failures.pop(target)
+                    await self.fence(target, f"failed {PROBE_FAILURES} probes")
 
-def _exit_failed() -> None:
-    import os
+    async def _alive(
+        self, store: str, address: str | None, channels: dict[str, aio.Channel]
+    ) -> bool:
+        if address is None:
+            return True  # not registered: no primary in anyone's view
+        channel = channels.get(address)
+        if channel is None:
+            channel = channels[address] = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        stub = wire_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            await stub.Status(wire.StatusRequest(), timeout=PROBE_TIMEOUT, metadata=call_metadata())
+            return True
+        except grpc.aio.AioRpcError as exc:
+            _log.info("store %s did not answer a probe: %s", store, exc.code().name)
+            return False
 
-    os._exit(1)
+
+class _NotYet(Exception):
+    """Recovery cannot go on yet (no primary to copy from)."""
+
+
+class _Shipper:
+    """The writes shipped to one backup, in order: one call in flight, all that waited in
+    the next (module doc)."""
+
+    def __init__(self, owner: ContextStore, store: str) -> None:
+        self._owner = owner
+        self._store = store
+        self._queue: list[tuple[list[Any], list[bytes], asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"ship-{store}")
+        self._channel: aio.Channel | None = None
+        self._address = ""
+
+    async def send(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        """Return once the backup stored these (or was fenced)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((puts, deletes, done))
+        self._wake.set()
+        await done
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            waiting, self._queue = self._queue, []
+            if not waiting:
+                continue
+            puts = [item for p, _d, _f in waiting for item in p]
+            deletes = [key for _p, d, _f in waiting for key in d]
+            try:
+                await self._ship(puts, deletes)
+            except Exception as exc:
+                try:
+                    await self._owner.fence(self._store, f"did not store a shipment ({exc!r})")
+                except Exception as fenced:
+                    for _p, _d, done in waiting:
+                        if not done.done():
+                            done.set_exception(SilboError(f"cannot fence {self._store}: {fenced}"))
+                    continue
+            for _p, _d, done in waiting:
+                if not done.done():
+                    done.set_result(None)
+
+    async def _ship(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+        address = self._owner.address_of(self._store)
+        if address is None:
+            raise SilboError("it is not live")
+        if self._channel is None or address != self._address:
+            if self._channel is not None:
+                await self._channel.close()
+            self._channel = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._address = address
+        stub = wire_grpc.ContextStoreStub(self._channel)  # type: ignore[no-untyped-call]
+        await stub.Replicate(
+            wire.StoreRequest(body=pack([puts, deletes])),
+            timeout=SHIP_TIMEOUT,
+            metadata=call_metadata(),
+        )
+
+
+def _targets(layout: Any, partition: int, everyone: Iterable[str]) -> list[str]:
+    holders = layout.holders(partition)
+    return [s for s in everyone if s in holders]
+
+
+def _keys(entities: Entities, partitions: list[int]) -> list[bytes]:
+    return [key for key, _value in entities.partition_items(partitions)]
+
+
+def _partition_count(view: StoreView) -> int:
+    return view.layout.partitions if view.layout is not None else 0

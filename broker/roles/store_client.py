@@ -1,9 +1,11 @@
-"""A front's way to the context store layer: writes routed by partition, queries to all.
+"""A front's way to the context store layer: writes and reads routed to partitions' primaries.
 
-:class:`StoreClient` (a :class:`~broker.store.client.EntityStore`) routes each write to the
-store holding its entity's partition (broker.store.layout), those of one store in one call,
-and asks the stores holding a query's partitions for their parts. A partition whose holder
-is not serving (dead, restarting, not yet up) is waited for, up to :data:`STORE_WAIT`
+:class:`StoreClient` (a :class:`~broker.store.client.EntityStore`) sends each write to the
+primary of its entity's partition (broker.store.layout: the first serving, in-sync holder
+in the front's view), those of one store in one call, and asks each primary for its
+partitions' part of a query. A store that does not take a call (dead, restarting, no longer
+the primary: the views of the front and the store differ for a moment) is asked again, the
+primary of the time, and a partition without one is waited for, up to :data:`STORE_WAIT`
 seconds, then the request is refused with :class:`~broker.errors.Unavailable` (HTTP 503
 with Retry-After, docs/failures.md): a write is never answered before its store has made
 it durable, and never silently dropped.
@@ -19,9 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import grpc
 from kazoo.client import KazooClient
@@ -31,12 +33,20 @@ from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.token import call_metadata
 from broker.store.entities import new_write_id, partition_of
 from broker.store.layout import LayoutWatch, StoreLayout
+from broker.store.reading import query_body
 from broker.store.semantics import Applied
 from broker.store.wire import Intent, decode_results, encode_writes
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
 __all__ = ["STORE_WAIT", "StoreClient"]
+
+_T = TypeVar("_T")
+
+
+class _NotServed(Exception):
+    """A store did not take a call (dead, restarting, not the primary): send it again."""
+
 
 STORE_WAIT: Final = 5.0  # seconds a request waits for its partition's store to serve
 CALL_TIMEOUT: Final = 10.0  # seconds one call to a store may take
@@ -68,35 +78,31 @@ class StoreClient:
         self._channels.clear()
 
     async def apply(self, intents: Sequence[Intent]) -> list[Applied]:
-        """Apply the writes, each at its partition's store (those of one store in one call,
-        the stores in parallel); Unavailable if a store did not serve within STORE_WAIT."""
-        by_store: dict[str, list[int]] = {}
-        layout = self._layout()
+        """Apply the writes, each at its partition's primary (those of one store in one call,
+        the stores in parallel); Unavailable if a partition had no primary that took its
+        writes within STORE_WAIT."""
         intents = [i if i.write_id else replace(i, write_id=new_write_id()) for i in intents]
-        for index, intent in enumerate(intents):
-            holder = layout.holder(partition_of(intent.tenant, intent.entity_id))
-            by_store.setdefault(holder, []).append(index)
-        answers = await asyncio.gather(
-            *(
-                self._call(store, "Apply", encode_writes([intents[i] for i in indexes]))
-                for store, indexes in by_store.items()
-            )
-        )
-        results: list[Applied | None] = [None] * len(intents)
-        for indexes, answer in zip(by_store.values(), answers, strict=True):
-            for index, applied in zip(indexes, decode_results(answer), strict=True):
-                results[index] = applied
-        return [r for r in results if r is not None]
+        partitions = [partition_of(i.tenant, i.entity_id) for i in intents]
 
-    async def parts(self, body: bytes, partitions: Iterable[int] | None = None) -> list[bytes]:
-        """The answers to a query body of the stores holding ``partitions`` (None: all)."""
+        async def call(store: str, indexes: list[int]) -> list[Applied]:
+            body = encode_writes([intents[i] for i in indexes])
+            return decode_results(await self._call(store, "Apply", body))
+
+        found = await self._route(list(range(len(intents))), partitions, call)
+        return [found[i] for i in range(len(intents))]
+
+    async def parts(self, kind: str, query: Any, partitions: Iterable[int] | None) -> list[bytes]:
+        """The answers to a query of the primaries of ``partitions`` (None: all), each
+        asked for the partitions it is the primary of."""
         layout = self._layout()
-        stores = (
-            layout.stores
-            if partitions is None
-            else tuple(dict.fromkeys(layout.holder(p) for p in sorted(set(partitions))))
-        )
-        return list(await asyncio.gather(*(self._call(s, "Query", body) for s in stores)))
+        wanted = sorted(set(range(layout.partitions) if partitions is None else partitions))
+
+        async def call(store: str, indexes: list[int]) -> list[bytes]:
+            asked = [wanted[i] for i in indexes]
+            return [await self._call(store, "Query", query_body(kind, query, asked))]
+
+        found = await self._route(list(range(len(wanted))), wanted, call, whole=True)
+        return list(dict.fromkeys(found.values()))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -106,37 +112,80 @@ class StoreClient:
             raise Unavailable("the cluster has no context store layout")
         return layout
 
-    async def _call(self, store: str, method: str, body: bytes) -> bytes:
-        """One call to ``store``, sent again while it is not serving, up to STORE_WAIT."""
+    async def _route(
+        self,
+        items: list[int],
+        partitions: Sequence[int],
+        call: Callable[[str, list[int]], Awaitable[list[_T]]],
+        *,
+        whole: bool = False,
+    ) -> dict[int, _T]:
+        """Send each item to its partition's primary (``call(store, items)``: one result
+        per item, or one for them all if ``whole``); items whose store did not take them
+        are sent again, to the primary of the time, until STORE_WAIT is over."""
         deadline = time.monotonic() + STORE_WAIT
-        request = wire.StoreRequest(body=body)
+        found: dict[int, _T] = {}
+        left = list(items)
+        why = ""
         while True:
-            channel = self._channel(store)
-            if channel is not None:
-                stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
-                try:
-                    answer: wire.StoreAnswer = await getattr(stub, method)(
-                        request, timeout=CALL_TIMEOUT, metadata=call_metadata()
-                    )
-                    return answer.body
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code()
-                    if code is grpc.StatusCode.INVALID_ARGUMENT:
-                        raise SilboError(
-                            f"store {store} refused the request: {exc.details()}"
-                        ) from exc
-                    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        raise Unavailable(f"store {store} failed: {exc.details()}") from exc
-                    _log.info("store %s did not answer (%s): trying again", store, code.name)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Unavailable(
-                    f"the context store holding this entity ({store}) is not serving; try again"
-                )
+            view = self._watch.view
+            by_store: dict[str, list[int]] = {}
+            waiting = []
+            for item in left:
+                primary = view.primary(partitions[item])
+                if primary is None or primary not in view.addresses:
+                    waiting.append(item)
+                    why = f"partition {partitions[item]} has no serving store"
+                else:
+                    by_store.setdefault(primary, []).append(item)
+            answers = await asyncio.gather(
+                *(call(store, group) for store, group in by_store.items()),
+                return_exceptions=True,
+            )
+            left = waiting
+            for (store, group), answer in zip(by_store.items(), answers, strict=True):
+                if isinstance(answer, _NotServed):
+                    left.extend(group)
+                    why = f"store {store}: {answer}"
+                elif isinstance(answer, BaseException):
+                    raise answer
+                elif whole:
+                    found.update(dict.fromkeys(group, answer[0]))
+                else:
+                    found.update(zip(group, answer, strict=True))
+            if not left:
+                return found
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"the context store is not serving ({why}); try again")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, _RETRY_PAUSE * 5))
+                await asyncio.wait_for(self._changed.wait(), _RETRY_PAUSE * 5)
             await asyncio.sleep(_RETRY_PAUSE)
+
+    async def _call(self, store: str, method: str, body: bytes) -> bytes:
+        """One call to ``store``; _NotServed if it did not take it (dead, not the primary)."""
+        channel = self._channel(store)
+        if channel is None:
+            raise _NotServed("not live")
+        stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            answer: wire.StoreAnswer = await getattr(stub, method)(
+                wire.StoreRequest(body=body), timeout=CALL_TIMEOUT, metadata=call_metadata()
+            )
+            return answer.body
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code is grpc.StatusCode.INVALID_ARGUMENT:
+                raise SilboError(f"store {store} refused the request: {exc.details()}") from exc
+            if code in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.CANCELLED,
+            ):
+                _log.info("store %s did not take a call (%s): again", store, code.name)
+                raise _NotServed(f"{code.name}: {exc.details()}") from exc
+            raise Unavailable(f"store {store} failed: {exc.details()}") from exc
 
     def _channel(self, store: str) -> grpc.aio.Channel | None:
         address = self._watch.addresses.get(store)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from broker.store.entities import Entities, MemoryEngine
 from broker.store.semantics import Applied
@@ -27,9 +27,9 @@ class EntityStore(Protocol):
         """Apply the writes; one result each, in order, once durable."""
         ...
 
-    async def parts(self, body: bytes, partitions: Iterable[int] | None = None) -> list[bytes]:
-        """The answers to a query body (broker.store.reading) of every store holding one of
-        ``partitions`` (None: of every store)."""
+    async def parts(self, kind: str, query: Any, partitions: Iterable[int] | None) -> list[bytes]:
+        """Every answer to a query (broker.store.reading: its kind and wire form) that
+        together cover ``partitions`` (None: every partition), each partition once."""
         ...
 
     async def close(self) -> None:
@@ -47,11 +47,11 @@ class LocalEntities:
         """Apply the writes in memory."""
         return await self.entities.apply(intents)
 
-    async def parts(self, body: bytes, partitions: Iterable[int] | None = None) -> list[bytes]:
-        """The one part: every entity this front holds."""
+    async def parts(self, kind: str, query: Any, partitions: Iterable[int] | None) -> list[bytes]:
+        """The one part: every entity this front holds (in those partitions)."""
         from broker.store.reading import answer_query
 
-        return [answer_query(self.entities, body, None, time.time())]
+        return [answer_query(self.entities, kind, query, partitions, time.time())]
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -34,7 +34,7 @@ import bisect
 import os
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -53,6 +53,7 @@ __all__ = [
     "MemoryEngine",
     "StoreFailed",
     "document_key",
+    "key_partition",
     "new_write_id",
     "partition_of",
 ]
@@ -66,6 +67,9 @@ _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
 
+Replicate = Callable[[list[tuple[bytes, bytes]], list[bytes]], Awaitable[None]]
+
+
 class StoreFailed(Unavailable):
     """The store's storage failed; it serves nothing more (its process restarts)."""
 
@@ -74,6 +78,15 @@ def new_write_id(now: float | None = None) -> bytes:
     """A fresh write id: the time in ms (8 bytes, so ids sort by age), then 8 random bytes."""
     moment = time.time() if now is None else now
     return int(moment * 1000).to_bytes(8, "big") + os.urandom(8)
+
+
+def key_partition(key: bytes) -> int | None:
+    """The partition of a document or expiry-index key (None: a key of every partition)."""
+    if key[:1] == _DOCUMENTS:
+        return int.from_bytes(key[1:3], "big")
+    if key[:1] == _EXPIRY:
+        return int.from_bytes(key[10:12], "big")
+    return None
 
 
 def partition_of(tenant: str, entity_id: str) -> int:
@@ -141,22 +154,28 @@ class Entities:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def apply(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
-        """Apply the writes in order; each one's result once every change is durable.
+    async def apply(
+        self,
+        intents: Sequence[Intent],
+        now: float | None = None,
+        replicate: Replicate | None = None,
+    ) -> list[Applied]:
+        """Apply the writes in order; each one's result once every change is durable, here
+        and wherever ``replicate`` makes it durable (the backups; awaited with the commit).
 
         A write that fails (NotFound, Unprocessable, 409...) has its error in its result and
-        changes nothing; the others apply. Raises StoreFailed if the storage failed.
+        changes nothing; the others apply. Raises StoreFailed if the storage failed, and
+        what ``replicate`` raises.
         """
         staged = self._stage(intents, now)
         if staged.puts or staged.deletes:
             try:
-                if self._committer is not None:
-                    await self._committer.write(staged.puts, staged.deletes)
+                if replicate is not None:
+                    await asyncio.gather(
+                        self._commit(staged), replicate(staged.puts, staged.deletes)
+                    )
                 else:
-                    self._engine.commit(staged.puts, staged.deletes)
-            except (StorageError, OSError) as exc:
-                self._failed = exc
-                raise StoreFailed(f"the context store's storage failed: {exc}") from exc
+                    await self._commit(staged)
             finally:
                 self._settle(staged)
         else:
@@ -165,6 +184,22 @@ class Entities:
             await event.wait()
         self._check_serving()
         return staged.results
+
+    async def _commit(self, staged: _Staged) -> None:
+        try:
+            if self._committer is not None:
+                await self._committer.write(staged.puts, staged.deletes)
+            else:
+                self._engine.commit(staged.puts, staged.deletes)
+        except (StorageError, OSError) as exc:
+            self._failed = exc
+            raise StoreFailed(f"the context store's storage failed: {exc}") from exc
+
+    async def store(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
+        """Make what a primary shipped durable here (a backup's writes: states, not requests,
+        so a backup applies nothing and cannot diverge)."""
+        self._check_serving()
+        await self._commit(_Staged(puts=list(puts), deletes=list(deletes)))
 
     def apply_now(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
         """:meth:`apply`, at once, for entities without a group committer (in memory)."""
@@ -340,21 +375,39 @@ class Entities:
             for _key, value in self._engine.scan(_partition_prefix(partition) + tenant_part):
                 yield Document.from_bytes(value)
 
+    def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
+        """The committed keys and values of these partitions' documents and expiry index
+        (what a recovering backup copies)."""
+        wanted = set(partitions)
+        for partition in sorted(wanted):
+            yield from self._engine.scan(_partition_prefix(partition))
+        for key, value in self._engine.scan(_EXPIRY):
+            if key_partition(key) in wanted:
+                yield key, value
+
     def all_documents(self) -> Iterator[Document]:
         """Every committed document, whatever its tenant (expiry, statistics)."""
         for _key, value in self._engine.scan(_DOCUMENTS):
             yield Document.from_bytes(value)
 
-    async def expire(self, now: float | None = None, most: int = 10_000) -> int:
-        """Delete (at most ``most`` of) the entities whose ``dateExpires`` passed; how many
-        went. The expiry index (``x``, the date in ms, the document's key) is read up to now."""
+    async def expire(
+        self,
+        now: float | None = None,
+        most: int = 10_000,
+        partitions: set[int] | None = None,
+        replicate: Replicate | None = None,
+    ) -> int:
+        """Delete (at most ``most`` of) the entities whose ``dateExpires`` passed, in these
+        partitions (None: all); how many went. The expiry index (``x``, the date in ms, the
+        document's key) is read up to now; the deletes are writes (``replicate``d)."""
         self._check_serving()
         moment = time.time() if now is None else now
         due: list[bytes] = []
         for index_key, _value in self._engine.scan(_EXPIRY):
             if int.from_bytes(index_key[1:9], "big") > moment * 1000 or len(due) >= most:
                 break
-            due.append(index_key[9:])
+            if partitions is None or key_partition(index_key) in partitions:
+                due.append(index_key[9:])
         intents = []
         for key in due:
             current = self._read(key)  # a pending write may have renewed it
@@ -368,7 +421,10 @@ class Entities:
                         current.tenant,
                     )
                 )
-        return sum(1 for result in await self.apply(intents, moment) if result.modified)
+        if not intents:
+            return 0
+        results = await self.apply(intents, moment, replicate)
+        return sum(1 for result in results if result.modified)
 
 
 class MemoryEngine:

@@ -1,29 +1,38 @@
-"""Which context store holds which partition, and where each store is (ZooKeeper).
+"""Which context stores hold which partition, which are in sync, and where each one is.
 
 Layout (under the cluster's chroot)::
 
     /store-layout         persistent; JSON data:
-        {"version": 1, "partitions": 256, "stores": ["store-0", "store-1"]}
-    /stores/<store id>    ephemeral, while that store serves; JSON data:
-        {"address": "10.0.0.7:7011", "member": "context-store-...-0000000007"}
+        {"version": 1, "partitions": 256, "replicas": 2, "stores": ["store-1", "store-2"]}
+    /store-sync/<id>      persistent, empty: that store holds every acknowledged write of
+                          its partitions (it is *in sync*)
+    /stores/<id>          ephemeral, while that store's process lives; JSON data:
+        {"address": "10.0.0.7:7011", "member": "context-store-...-0000000007",
+         "state": "serving" | "recovering"}
 
 A store's id is stable across its restarts: it names the storage directory the store keeps
 its entities in (``silbo up`` gives slot ``n`` the id ``store-n`` and the directory
 ``STATE_DIR/stores/store-n``; the directory records its id, so a store never opens another's
-data). Partition ``p``'s holder is the owner the matchers' rendezvous selector gives for
-``p`` among the layout's stores: a layout change moves only the partitions of the stores
-that came or went.
+data). Partition ``p``'s *holders* are the first ``replicas`` owners the matchers'
+rendezvous selector ranks for ``p`` among the layout's stores (all of them if there are
+fewer): a layout change moves only the partitions of the stores that came or went.
 
-The layout is written once, by ``silbo up`` before it starts the stores, or by the first
-store of a cluster that has none (``silbo run context-store``); its version grows with
-every change (a scale of the store layer: docs/context-store.md). A front routes by the
-layout it last read and the live ``/stores`` entries: a partition whose holder is not
-live (dead, restarting) cannot be read or written until it is back (the front waits, then
-refuses with 503: docs/failures.md).
+A partition's *primary* is its first holder, in rank order, that is serving and in sync
+(:meth:`StoreView.primary`): it applies the partition's writes and answers its reads, and
+makes each write durable on every other live holder before it answers
+(broker.roles.context_store). The in-sync set is what makes a failover lose nothing: a
+primary that cannot make a write durable on a holder removes that holder from the set (and
+its registration: the holder's process stops) before it answers, so a store in the set has
+every acknowledged write of its partitions, and a store out of it copies them from the
+primary before it serves again (*recovering*). It is Kafka's in-sync replica rule.
+
+The layout and the in-sync set are written first by ``silbo up`` before it starts the
+stores, or by the first store of a cluster that has none (``silbo run context-store``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -41,17 +50,27 @@ from broker.store.entities import PARTITIONS
 
 __all__ = [
     "LAYOUT",
+    "RECOVERING",
+    "SERVING",
     "STORES",
+    "SYNC",
     "LayoutWatch",
     "StoreLayout",
+    "StoreView",
     "check_store_id",
     "create_store_layout",
+    "fence_store",
+    "mark_in_sync",
     "read_store_layout",
     "register_store",
+    "set_store_state",
 ]
 
 LAYOUT: Final = "/store-layout"
 STORES: Final = "/stores"
+SYNC: Final = "/store-sync"
+SERVING: Final = "serving"
+RECOVERING: Final = "recovering"
 _ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -68,12 +87,13 @@ def check_store_id(store_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StoreLayout:
-    """The stores of the cluster, and so each partition's holder (see the module doc)."""
+    """The stores of the cluster, and so each partition's holders (see the module doc)."""
 
     version: int
     stores: tuple[str, ...]
     partitions: int = PARTITIONS
-    _holders: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    replicas: int = 1
+    _holders: tuple[tuple[str, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.partitions != PARTITIONS:
@@ -82,21 +102,32 @@ class StoreLayout:
             )
         for store in self.stores:
             check_store_id(store)
-        selector = RendezvousSelector(tuple(self.stores))  # InvalidInput: empty, duplicates
-        holders = tuple(selector.owner_of(str(p)) for p in range(self.partitions))
-        object.__setattr__(self, "_holders", holders)
+        width = min(self.replicas, len(self.stores)) if self.stores else 1
+        # InvalidInput: no stores, duplicates, replicas below 1
+        selector = RendezvousSelector(tuple(self.stores), replicas=max(width, self.replicas, 1))
+        ranked = selector.holders_of([str(p) for p in range(self.partitions)])
+        object.__setattr__(self, "_holders", tuple(tuple(r[:width]) for r in ranked))
+
+    def holders(self, partition: int) -> tuple[str, ...]:
+        """The stores that hold ``partition``, in rank order."""
+        return self._holders[partition]
 
     def holder(self, partition: int) -> str:
-        """The store that holds ``partition``."""
-        return self._holders[partition]
+        """The first-ranked store of ``partition``."""
+        return self._holders[partition][0]
 
     def partitions_of(self, store: str) -> list[int]:
         """The partitions ``store`` holds (none if it is not in the layout)."""
-        return [p for p, holder in enumerate(self._holders) if holder == store]
+        return [p for p, holders in enumerate(self._holders) if store in holders]
 
     def encode(self) -> bytes:
         """The znode's JSON data."""
-        body = {"version": self.version, "partitions": self.partitions, "stores": self.stores}
+        body = {
+            "version": self.version,
+            "partitions": self.partitions,
+            "replicas": self.replicas,
+            "stores": self.stores,
+        }
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -104,9 +135,41 @@ class StoreLayout:
         """The layout a znode holds; CorruptCoordinationData if it is not one."""
         try:
             body: Any = json.loads(data)
-            return cls(int(body["version"]), tuple(body["stores"]), int(body["partitions"]))
+            return cls(
+                int(body["version"]),
+                tuple(body["stores"]),
+                int(body["partitions"]),
+                int(body.get("replicas", 1)),
+            )
         except (ValueError, TypeError, KeyError, InvalidInput) as exc:
             raise CorruptCoordinationData(f"{LAYOUT} is unreadable: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StoreView:
+    """One process's view of the store layer: the layout, the live stores (address, state)
+    and the in-sync set, as last read from ZooKeeper."""
+
+    layout: StoreLayout | None = None
+    addresses: dict[str, str] = field(default_factory=dict)  # live store: its address
+    states: dict[str, str] = field(default_factory=dict)  # live store: serving / recovering
+    in_sync: frozenset[str] = frozenset()
+
+    def primary(self, partition: int) -> str | None:
+        """The primary of ``partition`` (module doc), or None if no holder can serve it."""
+        if self.layout is None:
+            return None
+        for store in self.layout.holders(partition):
+            if self.states.get(store) == SERVING and store in self.in_sync:
+                return store
+        return None
+
+    def backups(self, partition: int, primary: str) -> list[str]:
+        """The live holders of ``partition`` other than ``primary`` (those a write of it is
+        made durable on before it is answered)."""
+        if self.layout is None:
+            return []
+        return [s for s in self.layout.holders(partition) if s != primary and s in self.addresses]
 
 
 def read_store_layout(client: KazooClient) -> StoreLayout | None:
@@ -119,28 +182,38 @@ def read_store_layout(client: KazooClient) -> StoreLayout | None:
     return StoreLayout.decode(data)
 
 
-def create_store_layout(client: KazooClient, stores: Sequence[str]) -> StoreLayout:
-    """Write the first layout (version 1) of ``stores``; the existing one if there is one."""
-    layout = StoreLayout(1, tuple(stores))
+def create_store_layout(
+    client: KazooClient, stores: Sequence[str], replicas: int = 1
+) -> StoreLayout:
+    """Write the first layout (version 1) of ``stores``, every store in sync (they are all
+    empty); the existing layout if there is one."""
+    layout = StoreLayout(1, tuple(stores), replicas=replicas)
     with translated("write the store layout"):
-        try:
-            client.retry(client.create, LAYOUT, layout.encode(), makepath=True)
+        transaction = client.transaction()
+        transaction.create(LAYOUT, layout.encode())
+        client.ensure_path(SYNC)
+        for store in stores:
+            transaction.create(f"{SYNC}/{store}", b"")
+        results = transaction.commit()
+        if not any(isinstance(r, Exception) for r in results):
             return layout
-        except NodeExistsError:
-            pass
+        if not any(isinstance(r, NodeExistsError) for r in results):
+            raise next(r for r in results if isinstance(r, Exception))
     existing = read_store_layout(client)
     assert existing is not None, "the layout cannot go once written"
     return existing
 
 
-def register_store(client: KazooClient, store_id: str, address: str, member: str) -> str:
-    """Announce that ``store_id`` serves at ``address`` (an ephemeral znode of this session).
+def register_store(
+    client: KazooClient, store_id: str, address: str, member: str, state: str
+) -> str:
+    """Announce that ``store_id`` lives at ``address`` (an ephemeral znode of this session).
 
     InvalidInput if a live process already serves that store id (two processes given one id
     with two directories): the second must not serve.
     """
     path = f"{STORES}/{check_store_id(store_id)}"
-    body = json.dumps({"address": address, "member": member}, sort_keys=True).encode()
+    body = _store_body(address, member, state)
     with translated("announce the store"):
         try:
             client.retry(client.create, path, body, ephemeral=True, makepath=True)
@@ -151,22 +224,77 @@ def register_store(client: KazooClient, store_id: str, address: str, member: str
     return path
 
 
-class LayoutWatch:
-    """The layout and the live stores' addresses, kept current from ZooKeeper's watches.
+def set_store_state(
+    client: KazooClient, store_id: str, address: str, member: str, state: str
+) -> None:
+    """Change this store's announced state (serving once it recovered)."""
+    with translated("announce the store's state"):
+        client.retry(client.set, f"{STORES}/{store_id}", _store_body(address, member, state))
 
-    ``on_change`` (kazoo's thread) is called after every change, with nothing: read
-    :attr:`layout` and :attr:`addresses`.
-    """
+
+def mark_in_sync(client: KazooClient, store_id: str, in_sync: bool) -> None:
+    """Add ``store_id`` to the in-sync set, or remove it (idempotent)."""
+    path = f"{SYNC}/{store_id}"
+    with translated("change the in-sync set"):
+        if in_sync:
+            with contextlib.suppress(NodeExistsError):
+                client.retry(client.create, path, b"", makepath=True)
+        else:
+            with contextlib.suppress(NoNodeError):
+                client.retry(client.delete, path)
+
+
+def fence_store(client: KazooClient, me: str, victim: str) -> bool:
+    """Take ``victim`` out of the in-sync set and delete its registration (its process
+    stops), if ``me`` is still in sync: one transaction, so of two stores that fence each
+    other only the first does. True once ``victim`` is fenced; False if ``me`` is not in
+    sync (it must stop acting as a primary)."""
+    with translated("fence a store"):
+        for _attempt in range(5):
+            transaction = client.transaction()
+            transaction.check(f"{SYNC}/{me}", -1)
+            for path in (f"{SYNC}/{victim}", f"{STORES}/{victim}"):
+                if client.exists(path):
+                    transaction.delete(path)
+            results = transaction.commit()
+            failed = [r for r in results if isinstance(r, Exception)]
+            if not failed:
+                return True
+            if isinstance(results[0], NoNodeError):
+                return False  # we are out of sync ourselves
+        return False  # the victim's znodes kept changing: it is being fenced anyway
+
+
+def _store_body(address: str, member: str, state: str) -> bytes:
+    body = {"address": address, "member": member, "state": state}
+    return json.dumps(body, sort_keys=True).encode()
+
+
+class LayoutWatch:
+    """The store layer as ZooKeeper's watches keep it: :attr:`view` (a :class:`StoreView`,
+    replaced whole at each change). ``on_change`` (kazoo's thread) is called after each."""
 
     def __init__(self, client: KazooClient, on_change: Callable[[], None] | None = None) -> None:
         self._client = client
         self._on_change = on_change
-        self.layout: StoreLayout | None = None
-        self.addresses: dict[str, str] = {}  # live store id: its address
+        self.view = StoreView()
         self._stopped = False
+        self._watched: set[str] = set()
         client.ensure_path(STORES)
+        client.ensure_path(SYNC)
         self._data = DataWatch(client, LAYOUT, self._layout_changed)
-        self._children = ChildrenWatch(client, STORES, self._stores_changed)
+        self._sync = ChildrenWatch(client, SYNC, self._sync_changed)
+        self._children = ChildrenWatch(client, STORES, self._stores_changed, send_event=True)
+
+    @property
+    def layout(self) -> StoreLayout | None:
+        """The layout last read."""
+        return self.view.layout
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """The live stores' addresses."""
+        return self.view.addresses
 
     def stop(self) -> None:
         """Stop following changes."""
@@ -177,26 +305,66 @@ class LayoutWatch:
             return False
         if data is not None:
             try:
-                self.layout = StoreLayout.decode(data)
+                layout = StoreLayout.decode(data)
             except CorruptCoordinationData:
                 return None  # keep the last readable one
-        self._changed()
+            self._replace(layout=layout)
         return None
 
-    def _stores_changed(self, children: list[str]) -> bool | None:
+    def _sync_changed(self, children: list[str]) -> bool | None:
         if self._stopped:
             return False
-        addresses = {}
-        for child in children:
-            try:
-                data, _stat = self._client.get(f"{STORES}/{child}")
-                addresses[child] = str(json.loads(data)["address"])
-            except (NoNodeError, ValueError, KeyError, TypeError):
-                continue  # gone meanwhile, or unreadable: not routable
-        self.addresses = addresses
-        self._changed()
+        self._replace(in_sync=frozenset(children))
         return None
 
-    def _changed(self) -> None:
+    def _stores_changed(self, children: list[str], _event: object = None) -> bool | None:
+        if self._stopped:
+            return False
+        for child in set(children) - self._watched:  # a store's state changes in its data
+            self._watched.add(child)
+            DataWatch(self._client, f"{STORES}/{child}", self._store_changed(child))
+        self._reread(children)
+        return None
+
+    def _store_changed(self, child: str) -> Callable[[bytes | None, object], bool | None]:
+        def changed(data: bytes | None, _stat: object) -> bool | None:
+            if self._stopped:
+                return False
+            if data is None:
+                self._watched.discard(child)
+                try:  # the znode went; if it is back already, watch the new one
+                    self._stores_changed(self._client.get_children(STORES))
+                except NoNodeError:
+                    self._reread(None)
+                return False
+            self._reread(None)
+            return None
+
+        return changed
+
+    def _reread(self, children: list[str] | None) -> None:
+        try:
+            names = children if children is not None else self._client.get_children(STORES)
+        except NoNodeError:
+            names = []
+        addresses, states = {}, {}
+        for child in names:
+            try:
+                data, _stat = self._client.get(f"{STORES}/{child}")
+                body = json.loads(data)
+                addresses[child] = str(body["address"])
+                states[child] = str(body.get("state", SERVING))
+            except (NoNodeError, ValueError, KeyError, TypeError):
+                continue  # gone meanwhile, or unreadable: not routable
+        self._replace(addresses=addresses, states=states)
+
+    def _replace(self, **changes: Any) -> None:
+        view = self.view
+        self.view = StoreView(
+            changes.get("layout", view.layout),
+            changes.get("addresses", view.addresses),
+            changes.get("states", view.states),
+            changes.get("in_sync", view.in_sync),
+        )
         if self._on_change is not None:
             self._on_change()

@@ -21,22 +21,46 @@ from broker.store.query import EntityQuery, Page, Part, merge, select
 from broker.store.semantics import Document
 from broker.store.wire import pack, unpack
 
-__all__ = ["StoreReader", "answer_query"]
+__all__ = [
+    "ENTITIES",
+    "TYPES",
+    "StoreReader",
+    "answer_query",
+    "query_body",
+    "read_query_body",
+]
 
-_ENTITIES = "entities"
-_TYPES = "types"
+ENTITIES = "entities"
+TYPES = "types"
+
+
+def query_body(kind: str, query: Any, partitions: Iterable[int] | None) -> bytes:
+    """A ``Query`` body: the kind (entities, types), the query, the partitions asked
+    (None: every partition the store is the primary of)."""
+    return pack([kind, query, None if partitions is None else sorted(set(partitions))])
+
+
+def read_query_body(body: bytes) -> tuple[str, Any, set[int] | None]:
+    """What :func:`query_body` wrote (InvalidInput / SerializationError if it is not one)."""
+    data = unpack(body)
+    if not isinstance(data, list) or len(data) != 3 or not isinstance(data[0], str):
+        raise InvalidInput("a context store query is [kind, query, partitions]")
+    kind, query, partitions = data
+    try:
+        return kind, query, None if partitions is None else {int(p) for p in partitions}
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"a context store query's partitions: {exc}") from exc
 
 
 def answer_query(
-    entities: Entities, body: bytes, partitions: Iterable[int] | None, now: float
+    entities: Entities, kind: str, data: Any, partitions: Iterable[int] | None, now: float
 ) -> bytes:
-    """A store's answer to a query body, over the partitions it holds (None: all)."""
-    kind, data = _request(body)
+    """A store's answer to a query, over these partitions (None: all it holds)."""
     held = None if partitions is None else set(partitions)
-    if kind == _TYPES:
+    if kind == TYPES:
         types = TypesQuery.from_wire(data)
         return pack(types_part(entities.documents(types.tenant, None, held), types, now).to_wire())
-    if kind != _ENTITIES:
+    if kind != ENTITIES:
         raise InvalidInput(f"a context store query of kind {kind!r}")
     query = EntityQuery.from_wire(data)
     part = select(_documents(entities, query, held), query, now)
@@ -50,13 +74,6 @@ def _documents(entities: Entities, query: EntityQuery, held: set[int] | None) ->
             ids = frozenset(i for i in ids if partition_of(query.tenant, i) in held)
         return entities.documents(query.tenant, ids)
     return entities.documents(query.tenant, None, held)
-
-
-def _request(body: bytes) -> tuple[str, Any]:
-    data = unpack(body)
-    if not isinstance(data, list) or len(data) != 2 or not isinstance(data[0], str):
-        raise InvalidInput("a context store query is [kind, query]")
-    return data[0], data[1]
 
 
 class StoreReader:
@@ -74,10 +91,10 @@ class StoreReader:
         """The page of an entity query, merged from every store's part."""
         ids = query.entity_ids
         partitions = None if ids is None else {partition_of(query.tenant, i) for i in ids}
-        answers = await self._store.parts(pack([_ENTITIES, query.to_wire()]), partitions)
+        answers = await self._store.parts(ENTITIES, query.to_wire(), partitions)
         return merge((Part.from_wire(unpack(a)) for a in answers), query)
 
     async def types(self, query: TypesQuery) -> TypesPage:
         """The page of a types query, merged from every store's part."""
-        answers = await self._store.parts(pack([_TYPES, query.to_wire()]))
+        answers = await self._store.parts(TYPES, query.to_wire(), None)
         return merge_types((TypesPart.from_wire(unpack(a)) for a in answers), query)

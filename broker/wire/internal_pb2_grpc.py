@@ -492,6 +492,21 @@ class ContextStoreStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
                 _registered_method=True)
+        self.Replicate = channel.unary_unary(
+                '/broker.wire.ContextStore/Replicate',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/broker.wire.ContextStore/Snapshot',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
+        self.Yield = channel.unary_unary(
+                '/broker.wire.ContextStore/Yield',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
 
 
 class ContextStoreServicer:
@@ -511,6 +526,29 @@ class ContextStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Replicate(self, request, context):
+        """A primary's committed states of the partitions this store backs up: stored as they are.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Snapshot(self, request, context):
+        """A recovering store's copy of partitions this store is the primary of, in chunks; from
+        the call on, their writes are replicated to the caller too.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Yield(self, request, context):
+        """A recovered store takes partitions back: this store stops writing them, and answers
+        once its writes of them in flight are durable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -521,6 +559,21 @@ def add_ContextStoreServicer_to_server(servicer, server):
             ),
             'Query': grpc.unary_unary_rpc_method_handler(
                     servicer.Query,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Replicate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Yield': grpc.unary_unary_rpc_method_handler(
+                    servicer.Yield,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
             ),
@@ -577,6 +630,87 @@ class ContextStore:
             request,
             target,
             '/broker.wire.ContextStore/Query',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replicate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Replicate',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/broker.wire.ContextStore/Snapshot',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Yield(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Yield',
             broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
             broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
             options,

@@ -187,7 +187,7 @@ def test_a_detached_cluster_outlives_its_object_until_stop_cluster(
     with pytest.raises(ClusterBusy, match="already running"):
         LocalCluster(spec).start()
 
-    assert stop_cluster(spec.state_dir, grace=5.0) == 4
+    assert stop_cluster(spec.state_dir, grace=5.0) == 5  # a context store too
     assert not any(running(pid) for pid in pids)
     assert read_cluster(spec.state_dir) is None
     assert running(zookeeper.pid or 0)  # an external ZooKeeper is not ours to stop
@@ -269,7 +269,7 @@ def test_an_interrupted_start_leaves_nothing_running(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         cluster.start()
     last = spawned[-1]
-    assert last["status"] == "starting" and len(last["processes"]) == 5
+    assert last["status"] == "starting" and len(last["processes"]) == 6
     pids = [int(p["pid"]) for p in last["processes"]] + [int(last["zookeeper"]["pid"])]
     assert not any(running(pid) for pid in pids)
     assert read_cluster(state) is None

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,7 +39,7 @@ def _spec(zookeeper: EmbeddedZooKeeper, state: Path, name: str, **fields: Any) -
             "zk": zookeeper.address,
             "cluster": name,
             "grpc_port": 0,
-            "http_port": free_port(),
+            "http_port": _free_ports(2),
             "connection_points": 2,
             "context_stores": 2,
             "matchers": 1,
@@ -45,6 +47,25 @@ def _spec(zookeeper: EmbeddedZooKeeper, state: Path, name: str, **fields: Any) -
             **fields,
         }
     )
+
+
+def _free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (the fronts count up from it)."""
+    for _attempt in range(50):
+        base = free_port()
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def _fronts(description: dict[str, Any], cluster: LocalCluster) -> list[Front]:
@@ -163,45 +184,105 @@ def test_a_q_subscription_fires_on_an_update_through_the_other_front(
         del created
 
 
-def test_a_killed_store_refuses_writes_then_serves_everything_it_acknowledged(
+def _kill_store(cluster: LocalCluster, number: int) -> None:
+    (store,) = [
+        p
+        for p in cluster.description["processes"]
+        if p["role"] == Role.CONTEXT_STORE.value and p["log"].endswith(f"-{number}.log")
+    ]
+    os.kill(store["pid"], signal.SIGKILL)
+
+
+def _write(front: Front, i: int, acknowledged: dict[str, int], *, upsert: bool = False) -> int:
+    body = {"id": f"E{i}", "type": "T", "v": {"type": "Number", "value": i}}
+    answer = front.call("POST", "/v2/entities" + ("?options=upsert" if upsert else ""), body)
+    if answer.status in (201, 204):
+        acknowledged[f"E{i}"] = i
+    else:
+        assert answer.status == 503, answer
+        assert answer.body["error"] == "ServiceUnavailable"
+    return answer.status
+
+
+def _wait_reads(front: Front) -> None:
+    deadline = time.monotonic() + 30
+    while front.call("GET", "/v2/entities?limit=1").status != 200:
+        assert time.monotonic() < deadline, "the stores do not serve"
+        time.sleep(0.2)
+
+
+def test_with_one_replica_a_killed_store_refuses_then_serves_all_it_acknowledged(
     zookeeper: EmbeddedZooKeeper, tmp_path: Path
 ) -> None:
-    spec = _spec(zookeeper, tmp_path / "state", f"cs-{uuid.uuid4().hex[:8]}", connection_points=1)
+    spec = _spec(
+        zookeeper,
+        tmp_path / "state",
+        f"cs-{uuid.uuid4().hex[:8]}",
+        connection_points=1,
+        replicas=1,
+    )
     with LocalCluster(spec) as cluster:
         (front,) = _fronts(cluster.description, cluster)
         acknowledged: dict[str, int] = {}
         for i in range(60):
-            body = {"id": f"E{i}", "type": "T", "v": {"type": "Number", "value": i}}
-            _ok(front.call("POST", "/v2/entities", body))
-            acknowledged[f"E{i}"] = i
-        (store,) = [
-            p
-            for p in cluster.description["processes"]
-            if p["role"] == Role.CONTEXT_STORE.value and p["log"].endswith("-1.log")
-        ]
-        os.kill(store["pid"], signal.SIGKILL)
-        refused = 0
-        started = time.monotonic()
-        for i in range(60, 80):
-            body = {"id": f"E{i}", "type": "T", "v": {"type": "Number", "value": i}}
-            answer = front.call("POST", "/v2/entities", body)
-            if answer.status == 201:
-                acknowledged[f"E{i}"] = i  # held by the live store
-            else:
-                assert answer.status == 503, answer
-                assert answer.body["error"] == "ServiceUnavailable"
-                refused += 1
-            if time.monotonic() - started > 30:
-                break
-        assert refused > 0  # some entities are in the dead store's partitions
+            assert _write(front, i, acknowledged) == 201
+        _kill_store(cluster, 1)
+        statuses = [_write(front, i, acknowledged) for i in range(60, 80)]
+        assert 503 in statuses  # some entities are in the dead store's partitions
         reads = front.call("GET", "/v2/entities?limit=1000")
         assert reads.status == 503  # a list needs every partition: refused, not partial
         cluster.replace(Role.CONTEXT_STORE, 1)
-        deadline = time.monotonic() + 30
-        while front.call("GET", "/v2/entities?limit=1").status != 200:
-            assert time.monotonic() < deadline, "the restarted store does not serve"
-            time.sleep(0.2)
+        _wait_reads(front)
         found = {e["id"]: e["v"]["value"] for e in _entities(front)}
         assert found == acknowledged  # nothing acknowledged lost, nothing refused applied
-        again = {"id": "E79", "type": "T", "v": {"type": "Number", "value": 79}}
-        assert front.call("POST", "/v2/entities?options=upsert", again).status == 204
+        assert _write(front, 79, acknowledged, upsert=True) == 204
+
+
+def test_with_two_replicas_a_killed_store_loses_nothing_and_recovers_what_it_missed(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path
+) -> None:
+    spec = _spec(
+        zookeeper,
+        tmp_path / "state",
+        f"cs-{uuid.uuid4().hex[:8]}",
+        connection_points=1,
+        replicas=2,
+    )
+    with LocalCluster(spec) as cluster:
+        (front,) = _fronts(cluster.description, cluster)
+        acknowledged: dict[str, int] = {}
+        for i in range(40):
+            assert _write(front, i, acknowledged) == 201
+        _kill_store(cluster, 1)  # its partitions fail over to store-2, which has them all
+        for i in range(40, 100):
+            assert _write(front, i, acknowledged) == 201
+        assert {e["id"]: e["v"]["value"] for e in _entities(front)} == acknowledged
+        cluster.replace(Role.CONTEXT_STORE, 1)  # out of sync: it copies what it missed
+        for i in range(100, 140):  # while it recovers
+            assert _write(front, i, acknowledged) == 201
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                data = cluster.description and _store_states(cluster)
+                if data == {"store-1": "serving", "store-2": "serving"}:
+                    break
+            assert time.monotonic() < deadline, f"store-1 does not recover: {data}"
+            time.sleep(0.2)
+        _kill_store(cluster, 2)  # now store-1 alone must hold every acknowledged write
+        for i in range(140, 160):
+            assert _write(front, i, acknowledged) == 201
+        assert {e["id"]: e["v"]["value"] for e in _entities(front)} == acknowledged
+        assert len(acknowledged) == 160
+
+
+def _store_states(cluster: LocalCluster) -> dict[str, str]:
+    from broker.coordination.client import connect
+    from broker.store.layout import LayoutWatch
+
+    client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    try:
+        view = LayoutWatch(client).view
+        return {s: view.states[s] for s in view.states if s in view.in_sync}
+    finally:
+        client.stop()
+        client.close()
