@@ -67,7 +67,17 @@ from broker.store.engine import (
     open_engine,
 )
 
-__all__ = ["EngineReport", "WriteFigures", "configure", "iot_entities", "iot_entity_key", "run"]
+__all__ = [
+    "EngineReport",
+    "WriteFigures",
+    "configure",
+    "iot_attributes",
+    "iot_entities",
+    "iot_entity_id",
+    "iot_entity_key",
+    "iot_service_path",
+    "run",
+]
 
 WRITE_BATCHES = (1, 16, 256)
 LOAD_BATCH = 1000
@@ -142,16 +152,13 @@ class EngineReport:
 
 def iot_entity_key(i: int) -> bytes:
     """The storage key of W-IoT entity ``i`` (tenant madrid, its district's service path)."""
-    return entity_key(
-        IOT_TENANT, "/" + DISTRICTS[i % len(DISTRICTS)], IOT_TYPE, f"{_ID_PREFIX}28079{i:07d}"
-    )
+    return entity_key(IOT_TENANT, iot_service_path(i), IOT_TYPE, iot_entity_id(i))
 
 
-def iot_entities(start: int, count: int, seed: int) -> list[tuple[bytes, bytes]]:
-    """(key, msgpack'd document) of W-IoT entities ``start`` to ``start + count - 1``.
-
-    The documents are the shape the store keeps (every attribute as {type, value,
-    metadata}, plus the entity's dates), with readings drawn as W-IoT draws them."""
+def iot_attributes(start: int, count: int, seed: int) -> list[dict[str, Any]]:
+    """The attributes of W-IoT entities ``start`` to ``start + count - 1``: the 8 pollutants,
+    ``dateObserved`` and ``stationName``, each as {type, value, metadata}, with readings drawn
+    as W-IoT draws them (deterministic in ``seed`` and ``start``)."""
     rng = np.random.default_rng([seed, start])
     readings = [
         np.round(
@@ -162,10 +169,8 @@ def iot_entities(start: int, count: int, seed: int) -> list[tuple[bytes, bytes]]
     ]
     hours = rng.integers(0, 24 * 365, size=count).tolist()
     names = [s.name for s in madrid_stations(1000)]
-    packb = msgpack.Packer(use_bin_type=True).pack
-    pairs = []
+    out = []
     for j in range(count):
-        i = start + j
         stamp = _BASE_TIME + 3600.0 * hours[j]
         attrs: dict[str, Any] = {
             p.name: {"type": "Number", "value": readings[k][j], "metadata": {}}
@@ -176,13 +181,41 @@ def iot_entities(start: int, count: int, seed: int) -> list[tuple[bytes, bytes]]
             "value": datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "metadata": {},
         }
-        attrs["stationName"] = {"type": "Text", "value": names[i % len(names)], "metadata": {}}
+        attrs["stationName"] = {
+            "type": "Text",
+            "value": names[(start + j) % len(names)],
+            "metadata": {},
+        }
+        out.append(attrs)
+    return out
+
+
+def iot_entity_id(i: int) -> str:
+    """The id of W-IoT entity ``i``."""
+    return f"{_ID_PREFIX}28079{i:07d}"
+
+
+def iot_service_path(i: int) -> str:
+    """The service path of W-IoT entity ``i``: its district's."""
+    return "/" + DISTRICTS[i % len(DISTRICTS)]
+
+
+def iot_entities(start: int, count: int, seed: int) -> list[tuple[bytes, bytes]]:
+    """(key, msgpack'd document) of W-IoT entities ``start`` to ``start + count - 1``.
+
+    The documents are the shape the store keeps (every attribute as {type, value,
+    metadata}, plus the entity's dates), with readings drawn as W-IoT draws them."""
+    packb = msgpack.Packer(use_bin_type=True).pack
+    pairs = []
+    for j, attrs in enumerate(iot_attributes(start, count, seed)):
+        i = start + j
+        stamp = datetime.strptime(attrs["dateObserved"]["value"], "%Y-%m-%dT%H:%M:%SZ")
         document = {
-            "id": f"{_ID_PREFIX}28079{i:07d}",
+            "id": iot_entity_id(i),
             "type": IOT_TYPE,
             "attrs": attrs,
             "dateCreated": _BASE_TIME,
-            "dateModified": stamp,
+            "dateModified": stamp.replace(tzinfo=UTC).timestamp(),
         }
         pairs.append((iot_entity_key(i), packb(document)))
     return pairs

@@ -287,10 +287,24 @@ def sort_key(document: Document, query: EntityQuery) -> tuple[Any, ...]:
 
 
 def select(documents: Iterable[Document], query: EntityQuery, now: float) -> Part:
-    """One store's part: its first ``offset + limit`` matching documents, and the count."""
-    matching = [d for d in documents if matches(d, query, now)]
-    first = heapq.nsmallest(query.window, matching, key=lambda d: sort_key(d, query))
-    return Part(tuple(first), len(matching))
+    """One store's part: its first ``offset + limit`` matching documents, and the count.
+
+    The documents stream through: only the ``offset + limit`` first ones are held (a scan
+    of a million entities must not hold every match: the store's heap would keep it)."""
+    counted = 0
+
+    def matching() -> Iterator[Document]:
+        nonlocal counted
+        for document in documents:
+            if matches(document, query, now):
+                counted += 1
+                yield document
+
+    stream = matching()
+    first = heapq.nsmallest(query.window, stream, key=lambda d: sort_key(d, query))
+    for _document in stream:  # a window of 0 (a count only): nsmallest reads none
+        pass
+    return Part(tuple(first), counted)
 
 
 def merge(parts: Iterable[Part], query: EntityQuery) -> Page:

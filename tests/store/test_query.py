@@ -6,7 +6,9 @@ gives what a brute-force model computes directly."""
 from __future__ import annotations
 
 import functools
+import tracemalloc
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -51,6 +53,7 @@ from broker.store.query import (
     merge,
     one,
     select,
+    sort_key,
 )
 from broker.store.rendering import (
     render,
@@ -712,3 +715,23 @@ def test_select_and_merge_over_parts_equal_the_brute_force_model(
     expected = chosen[q.offset : q.offset + q.limit]
     assert [d.key for d in page.documents] == [d.key for d in expected]
     assert page.count == len(chosen)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3])
+def test_select_streams_the_documents_and_counts_every_match(limit: int) -> None:
+    q = replace(query({"q": "t>=0"}), limit=limit)
+    stream = (doc(f"e{i:05d}", created=float(i % 7), t=attr(i)) for i in range(5_000))
+    tracemalloc.start()
+    try:
+        part = select(stream, q, NOW)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert part.count == 5_000
+    expected = sorted(
+        (doc(f"e{i:05d}", created=float(i % 7), t=attr(i)) for i in range(5_000)),
+        key=lambda d: sort_key(d, q),
+    )[:limit]
+    assert ids(part) == [d.id for d in expected]
+    # only the window is held, not every match (5,000 documents take megabytes)
+    assert peak < 1_000_000
