@@ -1,7 +1,7 @@
 """``silbo up``: start a whole cluster on this machine.
 
     silbo up [--matchers 2] [--access-points 1] [--exit-points 1] [--connection-points 1]
-             [--context-stores 1]
+             [--context-stores 2]
         [--grpc-port 7777] [--http-port PORT [--notify-allow CIDR_OR_HOST ...]
         [--status-flush S] [--http-read-timeout S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
@@ -107,7 +107,7 @@ _DEFAULT_SIZES = {
     "access_points": 1,
     "exit_points": 1,
     "connection_points": 1,
-    "context_stores": 1,
+    "context_stores": 2,  # with --replicas 2 (the default), every write on both
 }
 
 

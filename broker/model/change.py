@@ -11,8 +11,9 @@ front that sends the notifications.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Alteration", "Change"]
 
@@ -32,7 +33,11 @@ class Change:
 
     ``changed``: attributes whose value or type changed (or were added or deleted);
     ``meta_changed``: attributes whose metadata alone changed; ``requested``: attributes the
-    request named; ``correlator``: the request's Fiware-Correlator.
+    request named; ``correlator``: the request's Fiware-Correlator; ``metadata``: the
+    builtin metadata (``dateCreated``, ``dateModified``, ``previousValue``, ``actionType``)
+    of each attribute and ``attributes`` the builtin attributes (``dateCreated``,
+    ``dateModified``) of the entity, as the context store computed them, for the
+    notifications that ask for them (empty when unknown: a gRPC publisher's update).
     """
 
     alteration: Alteration
@@ -40,6 +45,8 @@ class Change:
     meta_changed: frozenset[str] = frozenset()
     requested: frozenset[str] = frozenset()
     correlator: str = ""
+    metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
+    attributes: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def fires(self, condition: Iterable[str], notify_on_metadata: bool) -> bool:
         """Tell whether a subscription with these condition attributes fires on it."""

@@ -11,12 +11,15 @@ carries. :class:`Alteration` and :class:`Change` are the model's, re-exported he
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 
 from broker.model.change import Alteration, Change
+from broker.store.semantics import Applied, iso8601
 from broker.wire import client_pb2 as pb
 
-__all__ = ["Alteration", "Change", "read_change", "with_change"]
+__all__ = ["Alteration", "Change", "builtins_of", "read_change", "with_change"]
 
 _FIELD = 15
 _TAG = bytes([(_FIELD << 3) | 2])
@@ -36,8 +39,14 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def with_change(entity: pb.Entity, change: Change) -> pb.Entity:
-    """``entity`` with ``change`` written into it (as unknown field 15); returns it."""
+def with_change(
+    entity: pb.Entity, change: Change, builtins: tuple[Any, Any] | None = None
+) -> pb.Entity:
+    """``entity`` with ``change`` written into it (as unknown field 15); returns it.
+
+    ``builtins`` (from :func:`builtins_of`): the dates, previous values and action types the
+    store gave, compact; :func:`read_change` renders them into the Change's ``metadata``
+    and ``attributes``."""
     body = msgpack.packb(
         [
             _CODES[change.alteration],
@@ -45,6 +54,7 @@ def with_change(entity: pb.Entity, change: Change) -> pb.Entity:
             sorted(change.meta_changed),
             sorted(change.requested),
             change.correlator,
+            *([] if builtins is None else builtins),
         ]
     )
     entity.MergeFromString(_TAG + _varint(len(body)) + body)
@@ -57,13 +67,16 @@ def read_change(data: bytes, entity: pb.Entity | None = None) -> Change:
     body = _field(data)
     if body is not None:
         try:
-            code, changed, meta, requested, correlator = msgpack.unpackb(body)
+            code, changed, meta, requested, correlator, *builtins = msgpack.unpackb(body)
+            metadata, attributes = _rendered(*builtins) if len(builtins) == 2 else ({}, {})
             return Change(
                 _BY_CODE[code],
                 frozenset(changed),
                 frozenset(meta),
                 frozenset(requested),
                 correlator,
+                metadata,
+                attributes,
             )
         except (ValueError, KeyError, TypeError, msgpack.UnpackException):
             pass  # not ours: read it as a plain update
@@ -71,6 +84,47 @@ def read_change(data: bytes, entity: pb.Entity | None = None) -> Change:
         entity = pb.Entity.FromString(data)
     names = frozenset(a.name for a in entity.attributes)
     return Change(Alteration.CHANGE, names, frozenset(), names)
+
+
+def builtins_of(applied: Applied) -> tuple[Any, Any] | None:
+    """The builtin metadata and attributes of an applied write, compact for the wire: per
+    attribute [dateCreated, dateModified, actionType or None, previous [type, value] or
+    None], and the entity's [dateCreated, dateModified] (epoch seconds)."""
+    document = applied.document if applied.document is not None else applied.before
+    if document is None:
+        return None
+    plain = not applied.operators  # Orion notifies neither after an update operator
+    rows = {}
+    for name in document.attributes:
+        created, modified = document.dates(name)
+        old = applied.previous.get(name) if plain else None
+        rows[name] = [
+            created,
+            modified,
+            applied.actions.get(name) if plain else None,
+            None if old is None else [old["type"], old["value"]],
+        ]
+    return rows, [document.date_created, document.date_modified]
+
+
+def _rendered(rows: Any, dates: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    metadata: dict[str, Any] = {}
+    for name, (created, modified, action, previous) in rows.items():
+        one = {
+            "dateCreated": {"type": "DateTime", "value": iso8601(created)},
+            "dateModified": {"type": "DateTime", "value": iso8601(modified)},
+        }
+        if action is not None:
+            one["actionType"] = {"type": "Text", "value": action}
+        if previous is not None:
+            one["previousValue"] = {"type": previous[0], "value": previous[1]}
+        metadata[name] = one
+    created, modified = dates
+    attributes = {
+        "dateCreated": {"type": "DateTime", "value": iso8601(created), "metadata": {}},
+        "dateModified": {"type": "DateTime", "value": iso8601(modified), "metadata": {}},
+    }
+    return metadata, attributes
 
 
 def _field(data: bytes) -> bytes | None:

@@ -184,6 +184,7 @@ class Config:
     covered: bool
     max_fails_limit: int | None
     retry_window: float | None = None  # seconds; None: the worker's default
+    metadata: tuple[str, ...] = ()  # notification.metadata (empty: every user metadata)
 
     def to_list(self) -> list[Any]:
         """The config as the pipe carries it."""
@@ -199,13 +200,15 @@ class Config:
             self.covered,
             self.max_fails_limit,
             self.retry_window,
+            list(self.metadata),
         ]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> Config:
         """The config from the pipe."""
         url, method, headers, timeout, attrs_format, attrs, except_attrs, *rest = data
-        only_changed, covered, limit, window = rest
+        only_changed, covered, limit, window, *more = rest
+        metadata = tuple(more[0]) if more else ()
         return cls(
             url,
             method,
@@ -218,6 +221,7 @@ class Config:
             covered,
             limit,
             window,
+            metadata,
         )
 
 
@@ -520,9 +524,16 @@ def _body(subscription: _Subscription, one: _Entity) -> bytes:
         touched = change.changed | change.meta_changed
         wanted = config.attrs or [a for a in attributes if a not in config.except_attrs]
         attrs = tuple(a for a in wanted if a in touched)
-    key = (config.attrs_format, attrs, config.except_attrs, config.covered and config.attrs)
+    key = (
+        config.attrs_format,
+        attrs,
+        config.except_attrs,
+        config.covered and config.attrs,
+        config.metadata,
+    )
     data = one.bodies.get(key)
     if data is None:
+        attributes = _with_builtins(attributes, change, config)
         if config.covered:
             attributes = {**{a: _NULL for a in config.attrs}, **attributes}
         rendered = render(
@@ -535,6 +546,31 @@ def _body(subscription: _Subscription, one: _Entity) -> bytes:
         )
         data = one.bodies[key] = json.dumps(rendered, separators=(",", ":")).encode()
     return data
+
+
+def _with_builtins(attributes: Attributes, change: Change, config: Config) -> Attributes:
+    """The attributes as a subscription notifies them (Orion's rules): the builtin
+    attributes ``dateCreated`` / ``dateModified`` when ``notification.attrs`` names them;
+    with ``notification.metadata``, only the metadata it names (``*``: every user one) and
+    the builtin metadata it names (``dateCreated``, ``dateModified``, ``previousValue``,
+    ``actionType``; a user metadata of the same name wins)."""
+    out = attributes
+    wanted = [a for a in config.attrs if a in change.attributes and a not in attributes]
+    if wanted:
+        out = {**attributes, **{a: change.attributes[a] for a in wanted}}
+    names = config.metadata
+    if not names:
+        return out
+    every = "*" in names
+    chosen: Attributes = {}
+    for name, attribute in out.items():
+        own = attribute.get("metadata") or {}
+        metadata = dict(own) if every else {k: v for k, v in own.items() if k in names}
+        for meta, value in (change.metadata.get(name) or {}).items():
+            if meta in names and meta not in own:
+                metadata[meta] = value
+        chosen[name] = {**attribute, "metadata": metadata}
+    return chosen
 
 
 def _target(config: Config) -> tuple[Target | None, bytes]:

@@ -33,7 +33,7 @@ from broker.addresses import parse_address
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
-from broker.ngsi.change import with_change
+from broker.ngsi.change import builtins_of, with_change
 from broker.ngsi.delivery import Config
 from broker.ngsi.entity import to_wire
 from broker.ngsi.firing import Firing
@@ -239,7 +239,7 @@ class NgsiFront:
                 document.id, document.type, document.tenant, document.service_path,
                 document.attributes,
             )  # fmt: skip
-            entities.append(with_change(entity, one.change))
+            entities.append(with_change(entity, one.change, builtins_of(one)))
         await self._publisher.publish(entities)
 
     # -- subscriptions ----------------------------------------------------------------------
@@ -608,6 +608,7 @@ def delivery_config(parsed: Parsed) -> Config:
         parsed.covered,
         parsed.max_fails_limit,
         parsed.retry_window,
+        parsed.metadata,
     )
 
 

@@ -373,10 +373,10 @@ class _Routes:
         refused = [e for e in errors if isinstance(e, InvalidInput)]
         if refused:  # the client's fault (a bad dateExpires...): 400, as Orion
             raise refused[0]
-        if not applied:
+        if not applied:  # Orion's update coverage: a failure on attributes wins over 404s
             if all(isinstance(e, NotFound) for e in errors):
                 raise NotFound(f"{len(errors)} of {len(entities)} entities: {errors[0]}")
-            raise errors[0]
+            raise next(e for e in errors if not isinstance(e, NotFound))
         raise PartialUpdate(f"{len(errors)} of {len(entities)} entities failed: {errors[0]}")
 
     # -- subscriptions -----------------------------------------------------------------------

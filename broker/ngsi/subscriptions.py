@@ -160,6 +160,7 @@ class Parsed:
     status: str
     throttling: float
     retry_window: float | None = None  # seconds (Silbo's own); None: the cluster's
+    metadata: tuple[str, ...] = ()  # notification.metadata: the metadata notified
 
 
 def _retry_window(value: Any) -> float | None:
@@ -319,7 +320,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     limit = notification.get("maxFailsLimit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidSubscription("notification.maxFailsLimit must be a whole number above 0")
-    _strings(notification.get("metadata", []), "notification.metadata")
+    metadata = _strings(notification.get("metadata", []), "notification.metadata")
     expires = None
     if "expires" in document:
         text = _text(document["expires"], "expires")
@@ -354,6 +355,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
         status,
         float(throttling),
         _retry_window(notification.get("retryWindow")),
+        metadata,
     )
 
 

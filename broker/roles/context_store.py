@@ -227,9 +227,12 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 )
         number = next(self._numbers)
         self._in_flight[number] = partitions
+        rows: list[list[Any]] = []
         try:
             results = await entities.apply(
-                intents, replicate=lambda puts, deletes: self._replicate(view, puts, deletes)
+                intents,
+                replicate=lambda puts, deletes: self._replicate(view, puts, deletes),
+                rows=rows,
             )
         except StoreFailed as exc:
             self._fail(exc)
@@ -240,7 +243,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         finally:
             del self._in_flight[number]
             self._settled.set()
-        return wire.StoreAnswer(body=encode_results(results))
+        return wire.StoreAnswer(body=encode_results(results, rows))
 
     def _primary_of(self, view: StoreView, partition: int) -> bool:
         if view.primary(partition) != self.store_id:

@@ -50,6 +50,7 @@ class _NotServed(Exception):
 
 STORE_WAIT: Final = 5.0  # seconds a request waits for its partition's store to serve
 CALL_TIMEOUT: Final = 10.0  # seconds one call to a store may take
+MAX_CALL_WRITES: Final = 256  # writes per Apply call (a store applies a call without pause)
 _RETRY_PAUSE: Final = 0.1
 
 _log = logging.getLogger(__name__)
@@ -85,8 +86,12 @@ class StoreClient:
         partitions = [partition_of(i.tenant, i.entity_id) for i in intents]
 
         async def call(store: str, indexes: list[int]) -> list[Applied]:
-            body = encode_writes([intents[i] for i in indexes])
-            return decode_results(await self._call(store, "Apply", body))
+            results: list[Applied] = []
+            for start in range(0, len(indexes), MAX_CALL_WRITES):  # in order, one at a time
+                chunk = indexes[start : start + MAX_CALL_WRITES]
+                body = encode_writes([intents[i] for i in chunk])
+                results.extend(decode_results(await self._call(store, "Apply", body)))
+            return results
 
         found = await self._route(list(range(len(intents))), partitions, call)
         return [found[i] for i in range(len(intents))]

@@ -34,9 +34,10 @@ import bisect
 import os
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 import msgpack
 
@@ -58,6 +59,7 @@ __all__ = [
     "partition_of",
 ]
 
+RECENT_DOCUMENTS: Final = 4096  # decoded documents kept (a hot entity is not decoded again)
 WRITE_IDS_KEPT: Final = 120.0  # seconds a write's outcome is kept for a sender's retry
 PARTITIONS: Final = 256  # fixed: a store layout divides these among the store processes
 _DOCUMENTS: Final = b"d"
@@ -134,6 +136,7 @@ class _Staged:
     deletes: list[bytes] = field(default_factory=list)
     tickets: list[tuple[bytes, int]] = field(default_factory=list)  # pending documents held
     ids: list[bytes] = field(default_factory=list)  # write ids applied here
+    rows: list[list[Any]] = field(default_factory=list)  # the answer of each result
     waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
 
 
@@ -143,11 +146,14 @@ class Entities:
     def __init__(self, engine: Engine, committer: GroupCommitter | None = None) -> None:
         self._engine = engine
         self._committer = committer
-        self._pending: dict[bytes, tuple[int, bytes | None]] = {}  # key: (ticket, value)
+        # key: (ticket, value, document), for writes applied but not committed yet
+        self._pending: dict[bytes, tuple[int, bytes | None, Document | None]] = {}
+        # committed documents recently read or written: key -> (value, document)
+        self._recent: OrderedDict[bytes, tuple[bytes, Document]] = OrderedDict()
         self._pending_ids: dict[bytes, set[bytes]] = {}  # id prefix: its pending keys
         self._ticket = 0
         # write ids applied but not yet durable: their outcome, set once durable
-        self._staged: dict[bytes, tuple[Applied, asyncio.Event]] = {}
+        self._staged: dict[bytes, tuple[Applied, list[Any], asyncio.Event]] = {}
         self._failed: BaseException | None = None
         self.writes = 0  # writes answered
         self.modified = 0  # writes that changed a document
@@ -159,6 +165,7 @@ class Entities:
         intents: Sequence[Intent],
         now: float | None = None,
         replicate: Replicate | None = None,
+        rows: list[list[Any]] | None = None,
     ) -> list[Applied]:
         """Apply the writes in order; each one's result once every change is durable, here
         and wherever ``replicate`` makes it durable (the backups; awaited with the commit).
@@ -183,6 +190,8 @@ class Entities:
         for event in staged.waits:  # a write sent again while its first sending commits
             await event.wait()
         self._check_serving()
+        if rows is not None:  # the answer rows (wire.result_row), encoded once
+            rows.extend(staged.rows)
         return staged.results
 
     async def _commit(self, staged: _Staged) -> None:
@@ -217,7 +226,7 @@ class Entities:
         for key, ticket in staged.tickets:
             self._release(key, ticket)
         for write_id in staged.ids:
-            self._staged.pop(write_id)[1].set()
+            self._staged.pop(write_id)[2].set()
         self.writes += len(staged.results)
         self.modified += len(staged.tickets)
 
@@ -231,24 +240,32 @@ class Entities:
             if intent.write_id:
                 known = self._known(intent.write_id, staged)
                 if known is not None:  # sent again: the first outcome, not a second one
-                    staged.results.append(known)
+                    staged.results.append(known[0])
+                    staged.rows.append(known[1])
                     continue
-            applied, key = self._apply_one(intent, moment)
+            applied, key, was_bytes = self._apply_one(intent, moment)
             staged.results.append(applied)
+            document = applied.document
+            if document is None:
+                value = None
+            elif applied.modified:
+                value = document.to_bytes()
+            else:
+                value = was_bytes if document is applied.before else document.to_bytes()
+            row = result_row(applied, value, was_bytes)
+            staged.rows.append(row)
             if intent.write_id:
-                self._staged[intent.write_id] = (applied, asyncio.Event())
+                self._staged[intent.write_id] = (applied, row, asyncio.Event())
                 staged.ids.append(intent.write_id)
-                row = msgpack.packb(result_row(applied), use_bin_type=True)
-                staged.puts.append((_WRITES + intent.write_id, row))
+                staged.puts.append((_WRITES + intent.write_id, msgpack.packb(row)))
             if applied.modified and key is not None:
-                value = applied.document.to_bytes() if applied.document is not None else None
-                staged.tickets.append((key, self._hold(key, value)))
+                staged.tickets.append((key, self._hold(key, value, document)))
                 if value is None:
                     staged.deletes.append(key)
                 else:
                     staged.puts.append((key, value))
                 was = applied.before.date_expires if applied.before is not None else None
-                will = applied.document.date_expires if applied.document is not None else None
+                will = document.date_expires if document is not None else None
                 if was != will:  # the expiry index follows (committed with the document)
                     if was is not None:
                         staged.deletes.append(_expiry_key(was, key))
@@ -256,16 +273,18 @@ class Entities:
                         staged.puts.append((_expiry_key(will, key), b""))
         return staged
 
-    def _known(self, write_id: bytes, staging: _Staged) -> Applied | None:
-        """The outcome of a write applied before under ``write_id`` (staged or durable)."""
+    def _known(self, write_id: bytes, staging: _Staged) -> tuple[Applied, list[Any]] | None:
+        """The outcome of a write applied before under ``write_id`` (staged or durable), and
+        its answer row."""
         staged = self._staged.get(write_id)
         if staged is not None:
-            staging.waits.append(staged[1])
-            return staged[0]
-        row = self._engine.get(_WRITES + write_id)
-        if row is None:
+            staging.waits.append(staged[2])
+            return staged[0], staged[1]
+        data = self._engine.get(_WRITES + write_id)
+        if data is None:
             return None
-        return applied_of(msgpack.unpackb(row, raw=False, strict_map_key=False))
+        row = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        return applied_of(row), row
 
     def forget_writes(self, before: float, most: int = 50_000) -> int:
         """Drop the outcomes kept of (at most ``most``) writes sent before ``before`` (epoch
@@ -280,19 +299,20 @@ class Entities:
             self._engine.commit([], old)
         return len(old)
 
-    def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None]:
+    def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None, bytes | None]:
+        """What the write does, its document's key, and the document's bytes before it."""
         try:
             entity_type = intent.entity_type
             if entity_type is None:
                 entity_type = self._resolve(intent)
             key = document_key(intent.tenant, intent.service_path, intent.entity_id, entity_type)
         except SilboError as exc:
-            return Applied(None, None, None, error=exc), None
-        current = self._read(key)
+            return Applied(None, None, None, error=exc), None, None
+        data, current = self._read_raw(key)
         write = intent.resolved(entity_type)
         if current is None and intent.upsert and write.mode is not Mode.UPSERT:
             write = replace(write, mode=Mode.CREATE)
-        return apply(current, write, now), key
+        return apply(current, write, now), key, data
 
     def _resolve(self, intent: Intent) -> str:
         """The type of the one entity the write names by id (module doc)."""
@@ -321,13 +341,33 @@ class Entities:
         return sorted(k[len(prefix) :].decode("utf-8") for k in keys)
 
     def _read(self, key: bytes) -> Document | None:
-        held = self._pending.get(key)
-        data = held[1] if held is not None else self._engine.get(key)
-        return Document.from_bytes(data) if data is not None else None
+        return self._read_raw(key)[1]
 
-    def _hold(self, key: bytes, value: bytes | None) -> int:
+    def _read_raw(self, key: bytes) -> tuple[bytes | None, Document | None]:
+        """The value and document of ``key``: pending, recently decoded, or read."""
+        held = self._pending.get(key)
+        if held is not None:
+            return held[1], held[2]
+        data = self._engine.get(key)
+        if data is None:
+            return None, None
+        recent = self._recent.get(key)
+        if recent is not None and recent[0] == data:
+            self._recent.move_to_end(key)
+            return data, recent[1]
+        document = Document.from_bytes(data)
+        self._remember(key, data, document)
+        return data, document
+
+    def _remember(self, key: bytes, data: bytes, document: Document) -> None:
+        self._recent[key] = (data, document)
+        self._recent.move_to_end(key)
+        if len(self._recent) > RECENT_DOCUMENTS:
+            self._recent.popitem(last=False)
+
+    def _hold(self, key: bytes, value: bytes | None, document: Document | None) -> int:
         self._ticket += 1
-        self._pending[key] = (self._ticket, value)
+        self._pending[key] = (self._ticket, value, document)
         self._pending_ids.setdefault(key[: key.rindex(_SEP) + 1], set()).add(key)
         return self._ticket
 
@@ -336,6 +376,8 @@ class Entities:
         if held is None or held[0] != ticket:
             return  # a later write of the key holds it
         del self._pending[key]
+        if held[1] is not None and held[2] is not None:
+            self._remember(key, held[1], held[2])
         prefix = key[: key.rindex(_SEP) + 1]
         keys = self._pending_ids[prefix]
         keys.discard(key)

@@ -24,8 +24,10 @@ front answers as Orion does (400 BadRequest unless said otherwise). Sources: Ori
   from 0, with Orion's descriptions ("Bad pagination limit: /0/ [a value of ZERO is
   unacceptable]", "[max: 1000]", "[must be a decimal number]"); a parameter given empty is
   "Empty right-hand-side for URI param /limit/".
-- ``options``: ``count``, ``keyValues``, ``values``, ``unique``, and the legacy
-  ``dateCreated`` / ``dateModified`` (add those builtin attributes to ``attrs``);
+- ``options``: ``count``, ``normalized`` (the default format, named: Orion's
+  ``OPT_NORMALIZED``, which filip sends on every read), ``keyValues``, ``values``,
+  ``unique``, and the legacy ``dateCreated`` / ``dateModified`` (add those builtin
+  attributes to ``attrs``);
   ``skipForwarding`` is accepted and means nothing (Silbo forwards to no context provider).
   Another option is 400. Several formats: keyValues wins over values, values over unique
   (Silbo's choice). ``GET /v2/types`` takes ``count`` and ``values``.
@@ -64,7 +66,16 @@ _ALL = "*"
 _MAX_DIGITS = 18  # of limit and offset: they fit in 64 bits
 _GEO = ("georel", "geometry", "coords")
 _ENTITY_OPTIONS = frozenset(
-    {"count", "keyValues", "values", "unique", "dateCreated", "dateModified", "skipForwarding"}
+    {
+        "count",
+        "normalized",
+        "keyValues",
+        "values",
+        "unique",
+        "dateCreated",
+        "dateModified",
+        "skipForwarding",
+    }
 )
 _ONE_ENTITY_OPTIONS = _ENTITY_OPTIONS - {"count"}
 _TYPES_OPTIONS = frozenset({"count", "values"})

@@ -173,17 +173,26 @@ def decode_writes(data: bytes) -> list[Intent]:
         raise SerializationError(f"not a context store write: {exc}") from exc
 
 
-def encode_results(results: Sequence[Applied]) -> bytes:
-    """The body of an ``Apply`` answer."""
-    return pack([result_row(a) for a in results])
+def encode_results(results: Sequence[Applied], rows: Sequence[list[Any]] | None = None) -> bytes:
+    """The body of an ``Apply`` answer (``rows``: the results' rows, already made)."""
+    return pack(list(rows) if rows is not None else [result_row(a) for a in results])
 
 
-def result_row(applied: Applied) -> list[Any]:
-    """One result as plain data (msgpack-able; :func:`applied_of` reads it)."""
+def result_row(
+    applied: Applied, document: bytes | None = None, before: bytes | None = None
+) -> list[Any]:
+    """One result as plain data (msgpack-able; :func:`applied_of` reads it). What a front
+    needs only: the document after a write that did something (before it, for a delete),
+    none after a write that failed. ``document`` / ``before``: their bytes, if known."""
     change = applied.change
+    after = before_row = None
+    if change is not None and applied.document is not None:
+        after = document if document is not None else applied.document.to_bytes()
+    if change is not None and applied.document is None and applied.before is not None:
+        before_row = before if before is not None else applied.before.to_bytes()
     return [
-        applied.before.to_bytes() if applied.before is not None else None,
-        applied.document.to_bytes() if applied.document is not None else None,
+        before_row,
+        after,
         None
         if change is None
         else [

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from conftest import StartCluster
+from ngsi.conftest import Front, free_port
 
 from broker.cli import build_parser
 from broker.client import Client
 from broker.commands import read
 from broker.errors import InvalidInput, NotFound
-from tests.ngsi.conftest import Front, free_port
 
 
 def _run(argv: list[str]) -> tuple[int, str]:

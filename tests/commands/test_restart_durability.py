@@ -80,7 +80,7 @@ def test_subscriptions_and_sizes_survive_down_and_up(tmp_path: Path) -> None:
             "access_points": 1,
             "exit_points": 1,
             "connection_points": 1,
-            "context_stores": 1,
+            "context_stores": 2,
         }
         front.wait_serving()
         listed = front.call("GET", f"/v2/subscriptions/{sid}")
@@ -120,7 +120,7 @@ def test_an_explicit_count_wins_over_the_kept_one(tmp_path: Path) -> None:
         "connection_points": None,
         "context_stores": None,
     }
-    kept = {"exit_points": 1, "connection_points": 1, "context_stores": 1}
+    kept = {"exit_points": 1, "connection_points": 1, "context_stores": 2}
     sizes = layer_sizes(argparse.Namespace(**parser_args))
     assert sizes == {"matchers": 1, "access_points": 2, **kept}
     # an external ZooKeeper's cluster is not this state directory's to remember

@@ -147,7 +147,7 @@ def test_detached_up_through_a_pipe_returns_and_down_leaves_nothing(place: Place
     description = place.description()
     assert description is not None and description["status"] == "running"
     pids = cluster_pids(description)
-    assert len(pids) == 7 and all(running(p) for p in pids)  # 6 broker processes + ZooKeeper
+    assert len(pids) == 8 and all(running(p) for p in pids)  # 7 broker processes + ZooKeeper
     supervisor = description["supervisor"]
     assert running(supervisor) and not description["detached"]  # the daemon supervises
     assert f"cluster {place.name} is up" in piped.stdout
@@ -166,7 +166,7 @@ def test_detached_up_through_a_pipe_returns_and_down_leaves_nothing(place: Place
     )
     assert stopped.returncode == 0, stopped.stderr
     # 5 broker processes, ZooKeeper and the supervisor (the daemon `up --detach` started)
-    assert f"stopped cluster {place.name} (8 processes)" in stopped.stdout
+    assert f"stopped cluster {place.name} (9 processes)" in stopped.stdout
     assert_nothing_left(place, pids, within=0.0)  # down returns only once all are gone
     assert place.description() is None
 
@@ -193,7 +193,7 @@ def test_a_foreground_up_stops_everything_and_exits_0(
                 timeout=60,
             )
             assert result.returncode == 0, result.stderr
-            assert "(8 processes)" in result.stdout  # the supervisor too
+            assert "(9 processes)" in result.stdout  # the supervisor too
         else:
             process.send_signal(signal.Signals[stop])
         assert process.wait(timeout=60) == 0
@@ -215,7 +215,7 @@ def test_a_signal_while_starting_stops_what_was_started(place: Place, tmp_path: 
         deadline = time.monotonic() + START_TIMEOUT
         while True:  # until every process is spawned, and before they all registered
             description = place.description()
-            if description and len(description["processes"]) == 6:
+            if description and len(description["processes"]) == 7:
                 break
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.005)

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ngsi.conftest import Answer, Front, Receiver, free_port
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.runtime.options import Role
-from tests.ngsi.conftest import Answer, Front, Receiver, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -423,3 +423,48 @@ def test_only_changed_and_covered(front: Front, receiver: Receiver) -> None:
     last = by_subscription(receiver, covered)[-1]["data"][0]
     assert last["z"] == {"type": "None", "value": None, "metadata": {}}
     assert list(last) == ["id", "type", "a", "z"]
+
+
+def test_builtin_metadata_and_attributes_when_asked(front: Front, receiver: Receiver) -> None:
+    """Orion's builtins: only those `notification.metadata` / `notification.attrs` name; a
+    named metadata list filters the user metadata too (``*``: every user one)."""
+    h = {"Fiware-Service": tenant()}
+    builtins = subscribe(
+        front,
+        h,
+        http_subscription(
+            receiver.url(),
+            notification={
+                "attrs": ["t", "dateCreated", "dateModified"],
+                "metadata": ["previousValue", "actionType", "dateModified", "unit"],
+            },
+        ),
+    )
+    plain = subscribe(front, h, http_subscription(receiver.url(), notification={"attrs": ["t"]}))
+    every = subscribe(
+        front,
+        h,
+        http_subscription(receiver.url(), notification={"attrs": ["t"], "metadata": ["*"]}),
+    )
+    unit = {"unit": {"type": "Text", "value": "C"}, "accuracy": {"type": "Number", "value": 1}}
+    created = {"id": "Room1", "type": "Room", "t": {"value": 20, "metadata": unit}}
+    assert front.call("POST", "/v2/entities", created, headers=h).status == 201
+    answer = front.call("PATCH", "/v2/entities/Room1/attrs", {"t": {"value": 21}}, headers=h)
+    assert answer.status == 204, answer
+    for sid in (builtins, plain, every):
+        wait_until(lambda sid=sid: len(by_subscription(receiver, sid)) == 2, f"two for {sid}")
+    first, second = (b["data"][0] for b in by_subscription(receiver, builtins))
+    assert set(first) == {"id", "type", "t", "dateCreated", "dateModified"}
+    assert first["dateCreated"]["type"] == "DateTime"
+    assert first["t"]["metadata"]["actionType"] == {"type": "Text", "value": "append"}
+    assert "previousValue" not in first["t"]["metadata"]  # created: nothing before
+    metadata = second["t"]["metadata"]
+    assert metadata["previousValue"] == {"type": "Number", "value": 20}
+    assert metadata["actionType"] == {"type": "Text", "value": "update"}
+    assert metadata["dateModified"]["type"] == "DateTime"
+    assert metadata["unit"] == {"type": "Text", "value": "C"}
+    assert "accuracy" not in metadata  # not named
+    assert second["dateModified"]["value"] >= first["dateModified"]["value"]
+    for sid, names in ((plain, {"unit", "accuracy"}), (every, {"unit", "accuracy"})):
+        last = by_subscription(receiver, sid)[-1]["data"][0]
+        assert set(last["t"]["metadata"]) == names  # no builtin unless named

@@ -145,6 +145,20 @@ def test_list_entities_formats() -> None:
     assert dated == [{"id": "C1", "type": "Car", "speed": 80, "dateCreated": iso8601(3.0)}]
 
 
+def test_options_may_name_the_normalized_format() -> None:
+    # Orion's OPT_NORMALIZED; filip sends options=count,normalized (and options=normalized on
+    # GET /v2/entities/{id} and .../attrs) with every read: it was refused with 400
+    query = "/v2/entities?id=R1&attrs=name"
+    assert call("GET", query + "&options=count,normalized").json == call("GET", query).json
+    one = "/v2/entities/R1?type=Room"
+    assert call("GET", one + "&options=normalized").json == call("GET", one).json
+    attrs = "/v2/entities/R1/attrs?type=Room&options=normalized"
+    assert call("GET", attrs).json == call("GET", "/v2/entities/R1/attrs?type=Room").json
+    query_body = {"entities": [{"id": "R1"}], "attrs": ["name"]}
+    answer = call("POST", "/v2/op/query?options=normalized,count", body=query_body)
+    assert answer.status == 200 and answer.json == call("GET", query).json
+
+
 @pytest.mark.parametrize(
     ("query", "description"),
     [

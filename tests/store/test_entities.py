@@ -34,7 +34,9 @@ def _attr(value: object, type_: str = "Number") -> dict[str, object]:
     return {"type": type_, "value": value, "metadata": {}}
 
 
-def _write(mode: Mode, entity_id: str = "E1", entity_type: str | None = "T", **attrs: object):
+def _write(
+    mode: Mode, entity_id: str = "E1", entity_type: str | None = "T", **attrs: object
+) -> Intent:
     return Intent(mode, entity_id, entity_type, "/", "", {k: _attr(v) for k, v in attrs.items()})
 
 
