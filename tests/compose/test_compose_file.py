@@ -36,7 +36,7 @@ SCHEMA_FILE = Path(__file__).resolve().parent / "compose-spec.json"
 
 ZK_NODES = ("zk1", "zk2", "zk3")
 ZK_CONNECT = {f"{node}:2181" for node in ZK_NODES}
-ROLES = ("connection-point", "access-point", "matcher", "exit-point")
+ROLES = ("connection-point", "access-point", "matcher", "exit-point", "context-store")
 CLUSTER = "silbo"
 
 Document = dict[str, Any]
