@@ -1,25 +1,34 @@
 """``silbo bench chaos``: faults injected into a cluster under steady load, checked by an oracle.
 
-    silbo bench chaos [--duration 120] [--interval 12] [--rate 200] [--batch 10]
-                      [--subscriptions 100]
+    silbo bench chaos [--duration 120 | --count N] [--interval 12] [--rate 200] [--batch 10]
+                      [--subscriptions 100] [--store-rate 50]
                       [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
-                                scale-kill,access-point-hang,exit-point-hang,
-                                scale-kill-exit-point,scale-kill-access-point]
+                                context-store,scale-kill,access-point-hang,exit-point-hang,
+                                context-store-hang,scale-kill-exit-point,
+                                scale-kill-access-point]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
-points, 2 exit points and the NGSI v2 HTTP front in a temporary state directory, subscribes
+points, 2 exit points, 2 context stores (each partition on both: ``--replicas`` 2) and the
+NGSI v2 HTTP front in a temporary state directory, subscribes
 W-IoT subscriptions from a gRPC subscriber and ``HTTP_SUBSCRIPTIONS`` NGSI subscriptions
 notifying a local HTTP receiver, and publishes W-IoT updates at ``--rate`` from one
 publisher (explicit sequences, each update carrying its sequence as ``chaosSeq``; a batch
-the cluster refuses is sent again as it was, and counted as a refusal). Every
-``--interval`` seconds it injects the next fault of ``--faults`` (round robin):
+the cluster refuses is sent again as it was, and counted as a refusal). Meanwhile it writes
+entities through the HTTP front at ``--store-rate`` writes/s (broker.bench.chaos_store: each
+write sets a per-entity counter ``n`` and adds 1 to ``inc``; 0: no writes). Every
+``--interval`` seconds (or once the last fault's layer is whole, if later) it injects the
+next fault of ``--faults`` (round robin), for ``--duration`` seconds or ``--count`` faults:
 
 - ``matcher``, ``access-point``, ``exit-point``: SIGKILL of one live process of the role;
 - ``matcher-hang``, ``access-point-hang``, ``exit-point-hang``: SIGSTOP of one process of
   the role until its repair, then SIGCONT: the supervisor's liveness probe kills it as hung
   within 2 s and restarts it (broker.cluster.liveness);
 - ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it);
+- ``context-store``, ``context-store-hang``: SIGKILL, or SIGSTOP until detected then
+  SIGCONT, of one context store: its backup fences it and serves its partitions (a stopped
+  one may be killed as hung by the supervisor first), the supervisor restarts it, and it
+  recovers by copying;
 - ``scale-kill``: ``silbo admin scale matchers 4`` and, in the middle of it, SIGKILL of one
   of the matchers; then ``silbo admin scale matchers 3`` right after (retried while another
   scale runs); the outcomes are reported. ``scale-kill-exit-point`` and
@@ -27,15 +36,20 @@ the cluster refuses is sent again as it was, and counted as a refusal). Every
   points.
 
 Per fault it measures *detection* (until the configuration names the victim in ``failed``;
-for ZooKeeper, until it answers again) and *recovery* (until the layer serves its configured
-size again without the victim). After the last fault and a quiet period, an end marker is
-published and waited for; then the oracle (the reference matcher, broker.matching.reference,
-not the broker's engine) says which notifications every update should have caused, and the
-summary counts published, acknowledged, refused, expected, delivered, lost, duplicated and
-unexpected, for the gRPC subscriber and for the HTTP receiver (keyed by subscription and
-``chaosSeq``; the oracle for those is the subscriptions' id patterns). The PNG is the time
-line of delivered notifications per second with each fault (red) and its recovery (green)
-marked.
+for ZooKeeper, until it answers again; for a store, until its registration ``/stores/<id>``
+is gone or another member's) and *recovery* (until the layer serves its configured size
+again without the victim, from the detection; for a store, until ``/stores/<id>`` is a new
+member's, serving, and the store is in ``/store-sync``, from the fault). After the last
+fault and a quiet period, an end marker is published and waited for; then the oracle (the
+reference matcher, broker.matching.reference, not the broker's engine) says which
+notifications every update should have caused, and the summary counts published,
+acknowledged, refused, expected, delivered, lost, duplicated and unexpected, for the gRPC
+subscriber and for the HTTP receiver (keyed by subscription and ``chaosSeq``; the oracle for
+those is the subscriptions' id patterns). The store writer reads every entity back and
+counts (``store``) entities lost (``n`` below the last acknowledged one, or missing),
+increments applied twice (``store_double``) or missing (``store_short``), refused and
+unknown writes, and the write latency. The PNG is the time line of delivered notifications
+per second with each fault (red) and its recovery (green) marked.
 """
 
 from __future__ import annotations
@@ -63,8 +77,16 @@ from typing import Any
 import numpy as np
 from kazoo.client import KazooClient
 
+from broker.bench.chaos_store import (
+    StoreWriter,
+    member_of,
+    registered_again,
+    replaced,
+    serving_again,
+)
 from broker.bench.workloads.iot import IOT_TENANT, IOT_TYPE, iot_subscriptions, iot_updates
 from broker.client import Client
+from broker.cluster.local import store_id_of
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.scale import read_plan
@@ -85,26 +107,39 @@ FAULTS = (
     "exit-point",
     "matcher-hang",
     "zookeeper",
+    "context-store",
     "scale-kill",
     "access-point-hang",
     "exit-point-hang",
+    "context-store-hang",
     "scale-kill-exit-point",
     "scale-kill-access-point",
 )
 # HTTP subscriptions: one per last digit of the station id, and one for every station
 HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
-SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2}
+SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2, "context-stores": 2}
 _LAYER = {"matcher": "matchers", "access-point": "access_points", "exit-point": "exit_points"}
 _END_TYPE = "ChaosEnd"
+_STORE_ROLE = "context-store"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo bench chaos``."""
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        help="inject exactly this many faults (round robin, --interval apart at least), "
+        "however long they take, instead of faults for --duration",
+    )
     parser.add_argument("--interval", type=float, default=12.0, help="seconds between faults")
     parser.add_argument("--rate", type=int, default=200, help="updates/s published")
     parser.add_argument("--batch", type=int, default=10, help="updates per publish batch")
     parser.add_argument("--subscriptions", type=int, default=100)
+    parser.add_argument(
+        "--store-rate", type=float, default=50.0, help="entity writes/s through the HTTP front"
+    )
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"a comma list of {', '.join(FAULTS)}"
     )
@@ -122,10 +157,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; exit status 1 if a notification was lost, duplicated or unexpected."""
+    """Run the benchmark; exit status 1 if a notification was lost, duplicated or unexpected,
+    or an entity write lost or applied twice."""
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     unknown = sorted(set(faults) - set(FAULTS))
-    if unknown or not faults or args.rate <= 0 or args.interval <= 0 or args.batch <= 0:
+    if (
+        unknown
+        or not faults
+        or args.rate <= 0
+        or args.interval <= 0
+        or args.batch <= 0
+        or args.store_rate < 0
+        or args.count < 0
+    ):
         print(f"silbo bench chaos: error: bad options (unknown faults {unknown})", file=sys.stderr)
         return 2
     if args.keep is not None:
@@ -141,7 +185,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _plot(summary, args.plot)
     http = summary["http"]
-    bad = (summary[k] or http[k] for k in ("lost", "duplicated", "unexpected"))
+    bad = [summary[k] or http[k] for k in ("lost", "duplicated", "unexpected")]
+    store = summary.get("store") or {}
+    bad += [store.get(k) for k in ("store_lost", "store_double", "store_short")]
     return 1 if any(bad) else 0
 
 
@@ -169,6 +215,8 @@ class _Run:
         self.http_port = _free_port()
         self.receiver = _Receiver()
         self.http_patterns: dict[str, re.Pattern[str]] = {}  # subscription id -> id pattern
+        self.writer = StoreWriter(self.http_port, args.store_rate) if args.store_rate else None
+        self.store: dict[str, Any] | None = None  # what the writer's check found
 
     def run(self) -> dict[str, Any]:
         up = self._up()
@@ -181,16 +229,21 @@ class _Run:
             self.started = time.monotonic()
             publisher = threading.Thread(target=self._publish, args=(endpoints,), daemon=True)
             publisher.start()
+            if self.writer is not None:
+                self.writer.start()
             time.sleep(min(5.0, self.args.interval))
             end = self.started + self.args.duration
             k = 0
-            while time.monotonic() < end:
+            while k < self.args.count if self.args.count else time.monotonic() < end:
                 began = time.monotonic()
                 self._inject(self.faults[k % len(self.faults)])
                 k += 1
                 time.sleep(max(0.0, began + self.args.interval - time.monotonic()))
             time.sleep(5.0)  # quiet: the last recovery's traffic
             self.stop_publishing.set()
+            if self.writer is not None:
+                self.writer.stop()
+                self.store = self.writer.check()
             publisher.join(120)
             self._wait_end()
             subscriber.close()
@@ -210,7 +263,9 @@ class _Run:
 
     def _up(self) -> subprocess.Popen[bytes]:
         command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
-        command += ["--grpc-port", "0", "--log-level", "WARNING"]
+        # fixed ports: a connection point restarted (fenced after its session expired) is
+        # found again where the clients and the writer left it
+        command += ["--grpc-port", str(_free_port()), "--log-level", "WARNING"]
         command += ["--http-port", str(self.http_port)]
         for layer, size in SIZES.items():
             command += [f"--{layer}", str(size)]
@@ -357,6 +412,8 @@ class _Run:
             os.kill(pid, signal.SIGKILL)
             detected = self._until(lambda: self._zookeeper_back(pid), 60)
             event.update(detection_s=detected, recovery_s=detected)
+        elif fault.startswith("context-store"):
+            event.update(self._fault_store(hang=fault.endswith("hang")))
         elif fault.startswith("scale-kill"):
             event.update(
                 self._kill_mid_scale(fault.removeprefix("scale-kill").lstrip("-") or "matcher")
@@ -372,6 +429,34 @@ class _Run:
                     os.kill(victim["pid"], signal.SIGCONT)
             recovered = self._until(lambda: self._whole(role, victim["name"]), 90)
             event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
+
+    def _fault_store(self, *, hang: bool) -> dict[str, Any]:
+        """Kill (or stop until detected) one context store; detected once its registration
+        is gone or another member's, whole once it serves again in sync."""
+        victims = [p for p in self._description()["processes"] if p["role"] == _STORE_ROLE]
+        victim = self.random.choice(victims)
+        slot = re.search(r"-(\d+)\.log$", victim["log"])
+        if slot is None:
+            raise LookupError(f"no slot in the log name {victim['log']}")
+        store_id = store_id_of(int(slot.group(1)))
+        member = member_of(self._zk(), store_id)
+        if member is None:
+            raise LookupError(f"store {store_id} is not registered")
+        os.kill(victim["pid"], signal.SIGSTOP if hang else signal.SIGKILL)
+        began = time.monotonic()
+        detected = self._until(lambda: replaced(self._zk(), store_id, member), 60)
+        if hang:
+            with contextlib.suppress(ProcessLookupError):  # killed as hung already
+                os.kill(victim["pid"], signal.SIGCONT)
+        back = self._until(lambda: registered_again(self._zk(), store_id, member), 90)
+        registered = None if back is None else round(time.monotonic() - began, 2)
+        whole = self._until(lambda: serving_again(self._zk(), store_id, member), 90)
+        return {
+            "victim": f"{store_id} ({member})",
+            "detection_s": detected,
+            "registered_s": registered,  # its replacement registered (recovering), from the fault
+            "recovery_s": None if whole is None else round(time.monotonic() - began, 2),
+        }
 
     def _kill_mid_scale(self, role: str) -> dict[str, Any]:
         """Scale ``role``'s layer out by one, kill one of its processes in the middle, then
@@ -535,6 +620,7 @@ class _Run:
             },
             "faults": self.events,
             "unplanned": self._unplanned(),
+            "store": self.store,
             "delivered_per_second": per_second.tolist(),
             "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
         }
@@ -558,14 +644,30 @@ def _print(summary: dict[str, Any]) -> None:
         f"{http['subscriptions']} subscriptions, {http['lost']:,} lost, "
         f"{http['duplicated']:,} duplicated, {http['unexpected']:,} unexpected"
     )
+    store = summary.get("store")
+    if store:
+        latency = store["latency_ms"]
+        print(
+            f"{'store':>13}: {store['writes']:,} entity writes ({store['acknowledged']:,} "
+            f"acknowledged, {store['refused']:,} refused, {store['not_sent']:,} not sent, "
+            f"{store['unknown']:,} unknown), "
+            f"{store['read']} of {store['entities']} entities read back: "
+            f"{store['store_lost']} lost, {store['store_double']} double, "
+            f"{store['store_short']} short; latency p50 {latency['p50']} ms, "
+            f"p99 {latency['p99']} ms"
+        )
+        if store["read_error"]:
+            print(f"{'':>13}  read back failed: {store['read_error']}")
     for event in summary["faults"]:
         scales = (
             f", scale out {event['scale_out']}, back {event['scale_back']}"
             if "scale_out" in event
             else ""
         )
+        if "registered_s" in event:
+            scales = f" (registered again {event['registered_s']} s)"
         print(
-            f"  t={event['t']:>7} s  {event['fault']:<13} detected {event['detection_s']} s, "
+            f"  t={event['t']:>7} s  {event['fault']:<18} detected {event['detection_s']} s, "
             f"whole {event['recovery_s']} s{scales}"
         )
 

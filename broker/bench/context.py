@@ -75,7 +75,12 @@ from broker.bench.context_load import (
     load_entities,
 )
 from broker.bench.match import machine_info, non_negative, positive
-from broker.bench.storage import iot_entity_id, iot_service_path
+from broker.bench.storage import (
+    counts_argument,
+    iot_entity_id,
+    iot_service_path,
+    seconds_argument,
+)
 from broker.bench.workloads.iot import IOT_TYPE
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.client import connect
@@ -84,7 +89,8 @@ from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.options import Role
 from broker.store.layout import STORES, StoreLayout, read_store_layout
 from broker.store.query import EntityQuery, Selector
-from broker.store.wire import pack, unpack
+from broker.store.reading import ENTITIES, query_body
+from broker.store.wire import unpack
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
@@ -536,7 +542,7 @@ def _store_count(running: _Running, tenant: str) -> tuple[float, int]:
         limit=QUERY_LIMIT,
         count=True,
     )
-    body = pack(["entities", query.to_wire()])
+    body = query_body(ENTITIES, query.to_wire(), None)  # each store: its primary partitions
 
     async def ask() -> int:
         channels = [
@@ -794,37 +800,26 @@ def plot(summary: dict[str, Any], path: Path, title: str) -> None:
 # -- the command -------------------------------------------------------------------------------
 
 
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        counts = ()
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"expected whole numbers of at least 1, got {text!r}")
-    return counts
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench context`` options to ``parser`` and make it run :func:`run`."""
     add = parser.add_argument
-    add("--stores", type=_counts, metavar="N[,N]", help="store counts, in turn (default 1,2,4)")
+    add(
+        "--stores",
+        type=counts_argument,
+        metavar="N[,N]",
+        help="store counts, in turn (default 1,2,4)",
+    )
     add("--clients", type=positive, default=2, help="Apply driver processes (default 2)")
     add("--batch", type=positive, default=32, help="writes per Apply call (default 32)")
     add(
         "--in-flight", type=positive, default=4, metavar="F",
         help="Apply calls in flight per store per driver (default 4)",
     )  # fmt: skip
-    add("--duration", type=_seconds, help="seconds per measured window (default 5; --quick: 1)")
+    add(
+        "--duration",
+        type=seconds_argument,
+        help="seconds per measured window (default 5; --quick: 1)",
+    )
     add("--windows", type=positive, help="measured windows: medians (default 3; --quick: 2)")
     add(
         "--write-entities", type=positive, metavar="N",

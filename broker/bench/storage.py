@@ -560,7 +560,8 @@ def _engines(text: str) -> list[str]:
     return kinds
 
 
-def _counts(text: str) -> tuple[int, ...]:
+def counts_argument(text: str) -> tuple[int, ...]:
+    """An argparse type: whole numbers of at least 1, comma-separated."""
     try:
         counts = tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -570,7 +571,8 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _seconds(text: str) -> float:
+def seconds_argument(text: str) -> float:
+    """An argparse type: seconds, more than 0."""
     try:
         value = float(text)
     except ValueError:
@@ -591,12 +593,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"engines to measure, in order (default lmdb,rocksdb; of {', '.join(ENGINES)})",
     )  # fmt: skip
     parser.add_argument(
-        "--writers", type=_counts, metavar="W[,W]",
+        "--writers", type=counts_argument, metavar="W[,W]",
         help="concurrent writers through the group committer, each count in turn "
         "(default 1,8,64; --quick: 8)",
     )  # fmt: skip
     parser.add_argument(
-        "--duration", type=_seconds, metavar="S",
+        "--duration", type=seconds_argument, metavar="S",
         help="seconds of writes per batch size (default 5; --quick: 0.5)",
     )  # fmt: skip
     parser.add_argument(

@@ -45,7 +45,12 @@ _T = TypeVar("_T")
 
 
 class _NotServed(Exception):
-    """A store did not take a call (dead, restarting, not the primary): send it again."""
+    """A store did not take a call (dead, restarting, not the primary): send it again.
+    ``unknown``: the call may have been applied (it timed out or was cut after it left)."""
+
+    def __init__(self, message: str, *, unknown: bool = False) -> None:
+        super().__init__(message)
+        self.unknown = unknown
 
 
 STORE_WAIT: Final = 5.0  # seconds a request waits for its partition's store to serve
@@ -132,6 +137,8 @@ class StoreClient:
         found: dict[int, _T] = {}
         left = list(items)
         why = ""
+        unknown = False  # the last round left an outcome unknown
+        last_chance = True  # past the deadline, one more round to learn such outcomes
         while True:
             view = self._watch.view
             by_store: dict[str, list[int]] = {}
@@ -148,10 +155,12 @@ class StoreClient:
                 return_exceptions=True,
             )
             left = waiting
+            unknown = False
             for (store, group), answer in zip(by_store.items(), answers, strict=True):
                 if isinstance(answer, _NotServed):
                     left.extend(group)
                     why = f"store {store}: {answer}"
+                    unknown = unknown or answer.unknown
                 elif isinstance(answer, BaseException):
                     raise answer
                 elif whole:
@@ -161,7 +170,9 @@ class StoreClient:
             if not left:
                 return found
             if time.monotonic() >= deadline:
-                raise Unavailable(f"the context store is not serving ({why}); try again")
+                if not (unknown and last_chance):
+                    raise Unavailable(f"the context store is not serving ({why}); try again")
+                last_chance = False  # sent again with its write id: its first outcome
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), _RETRY_PAUSE * 5)
@@ -189,7 +200,8 @@ class StoreClient:
                 grpc.StatusCode.CANCELLED,
             ):
                 _log.info("store %s did not take a call (%s): again", store, code.name)
-                raise _NotServed(f"{code.name}: {exc.details()}") from exc
+                unknown = code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+                raise _NotServed(f"{code.name}: {exc.details()}", unknown=unknown) from exc
             raise Unavailable(f"store {store} failed: {exc.details()}") from exc
 
     def _channel(self, store: str) -> grpc.aio.Channel | None:

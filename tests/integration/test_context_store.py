@@ -204,6 +204,18 @@ def _write(front: Front, i: int, acknowledged: dict[str, int], *, upsert: bool =
     return answer.status
 
 
+@contextlib.contextmanager
+def _one_front(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path, *, replicas: int
+) -> Iterator[tuple[LocalCluster, Front]]:
+    """A cluster of 2 stores (``replicas`` each partition) and one HTTP front."""
+    name = f"cs-{uuid.uuid4().hex[:8]}"
+    spec = _spec(zookeeper, tmp_path / "state", name, connection_points=1, replicas=replicas)
+    with LocalCluster(spec) as cluster:
+        (front,) = _fronts(cluster.description, cluster)
+        yield cluster, front
+
+
 def _wait_reads(front: Front) -> None:
     deadline = time.monotonic() + 30
     while front.call("GET", "/v2/entities?limit=1").status != 200:
@@ -214,15 +226,7 @@ def _wait_reads(front: Front) -> None:
 def test_with_one_replica_a_killed_store_refuses_then_serves_all_it_acknowledged(
     zookeeper: EmbeddedZooKeeper, tmp_path: Path
 ) -> None:
-    spec = _spec(
-        zookeeper,
-        tmp_path / "state",
-        f"cs-{uuid.uuid4().hex[:8]}",
-        connection_points=1,
-        replicas=1,
-    )
-    with LocalCluster(spec) as cluster:
-        (front,) = _fronts(cluster.description, cluster)
+    with _one_front(zookeeper, tmp_path, replicas=1) as (cluster, front):
         acknowledged: dict[str, int] = {}
         for i in range(60):
             assert _write(front, i, acknowledged) == 201
@@ -241,15 +245,7 @@ def test_with_one_replica_a_killed_store_refuses_then_serves_all_it_acknowledged
 def test_with_two_replicas_a_killed_store_loses_nothing_and_recovers_what_it_missed(
     zookeeper: EmbeddedZooKeeper, tmp_path: Path
 ) -> None:
-    spec = _spec(
-        zookeeper,
-        tmp_path / "state",
-        f"cs-{uuid.uuid4().hex[:8]}",
-        connection_points=1,
-        replicas=2,
-    )
-    with LocalCluster(spec) as cluster:
-        (front,) = _fronts(cluster.description, cluster)
+    with _one_front(zookeeper, tmp_path, replicas=2) as (cluster, front):
         acknowledged: dict[str, int] = {}
         for i in range(40):
             assert _write(front, i, acknowledged) == 201
