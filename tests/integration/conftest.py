@@ -414,6 +414,8 @@ def subscriptions_held(cluster: LocalCluster) -> dict[str, float]:
     held: dict[str, float] = defaultdict(int)
     for process in status["processes"]:
         assert process["reachable"], f"{process['name']} does not answer its Admin service"
+        if process["role"] == "context-store":
+            continue  # entities, not subscriptions
         held[process["role"]] += int(process.get("subscriptions", 0))
     copies = held["matcher"]
     width = min(status["replicas"] or 1, len(status["matchers"]) or 1)

@@ -36,7 +36,7 @@ from integration.conftest import wait_until
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow
 
-ROLES = ("connection-point", "access-point", "matcher", "exit-point")
+ROLES = ("connection-point", "access-point", "matcher", "exit-point", "context-store")
 
 
 def _silbo(*arguments: str) -> list[str]:
@@ -149,9 +149,16 @@ def test_sigterm_stops_every_role_cleanly_and_its_membership_goes(
     try:
         for role in ROLES:
             with open(logs[role], "wb") as output:
+                store = ["--store-dir", str(tmp_path / "extra-store")]
                 extra[role] = subprocess.Popen(
                     _silbo(
-                        "run", role, "--zk", cluster.zk_address, "--cluster", cluster.spec.cluster
+                        "run",
+                        role,
+                        "--zk",
+                        cluster.zk_address,
+                        "--cluster",
+                        cluster.spec.cluster,
+                        *(store if role == "context-store" else []),
                     ),
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -272,6 +279,7 @@ def test_admin_status_describes_the_running_cluster(start_cluster: StartCluster)
         "access-point": 1,
         "matcher": 2,
         "exit-point": 1,
+        "context-store": 1,
     }
     assert len(status["matchers"]) == 2 and status["epoch"] >= 1
     by_role: dict[str, int] = {}
