@@ -535,8 +535,8 @@ def test_writes_through_two_fronts_follow_the_model(fronts: tuple[Front, Front])
     run_state_machine_as_test(
         ContextModel,
         settings=settings(
-            max_examples=12,
-            stateful_step_count=25,
+            max_examples=10,
+            stateful_step_count=20,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),

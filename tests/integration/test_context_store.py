@@ -29,6 +29,8 @@ from ngsi.conftest import Answer, Front, Receiver, free_port
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.runtime.options import Role
+from broker.store.entities import partition_of
+from broker.store.layout import StoreLayout
 
 pytestmark = pytest.mark.slow
 
@@ -231,15 +233,22 @@ def test_with_one_replica_a_killed_store_refuses_then_serves_all_it_acknowledged
         for i in range(60):
             assert _write(front, i, acknowledged) == 201
         _kill_store(cluster, 1)
-        statuses = [_write(front, i, acknowledged) for i in range(60, 80)]
-        assert 503 in statuses  # some entities are in the dead store's partitions
+        layout = StoreLayout(1, ("store-1", "store-2"), replicas=1)
+        on_dead = [
+            i for i in range(60, 200) if layout.holder(partition_of("", f"E{i}")) == "store-1"
+        ]
+        on_live = [i for i in range(60, 200) if i not in on_dead]
+        for i in on_dead[:2]:  # refused after the front's 5 s wait for a primary
+            assert _write(front, i, acknowledged) == 503
+        for i in on_live[:5]:  # the other store's partitions serve on
+            assert _write(front, i, acknowledged) == 201
         reads = front.call("GET", "/v2/entities?limit=1000")
         assert reads.status == 503  # a list needs every partition: refused, not partial
         cluster.replace(Role.CONTEXT_STORE, 1)
         _wait_reads(front)
         found = {e["id"]: e["v"]["value"] for e in _entities(front)}
         assert found == acknowledged  # nothing acknowledged lost, nothing refused applied
-        assert _write(front, 79, acknowledged, upsert=True) == 204
+        assert _write(front, on_dead[0], acknowledged, upsert=True) == 204
 
 
 def test_with_two_replicas_a_killed_store_loses_nothing_and_recovers_what_it_missed(
