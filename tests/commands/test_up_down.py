@@ -295,18 +295,27 @@ def test_a_foreground_up_restarts_a_dead_process_and_stops_everything_after(
     assert zookeeper.state.value == "running" and running(zookeeper.pid or 0)  # not ours
 
 
+def _two_free_ports() -> int:
+    """The first of two consecutive ports free now (tried until a pair is found)."""
+    for _attempt in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            base = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            return base
+    raise AssertionError("no two consecutive free ports in 100 tries")
+
+
 @pytest.mark.parametrize("taken", [0, 1])
 def test_a_port_in_use_is_one_clear_line_and_starts_nothing(
     place: Place, tmp_path: Path, taken: int
 ) -> None:
-    with socket.socket() as first, socket.socket() as holder:
-        first.bind(("127.0.0.1", 0))  # find two consecutive free ports; hold the one to take
-        base = first.getsockname()[1]
-        first.close()
-        try:
-            holder.bind(("127.0.0.1", base + taken))
-        except OSError:
-            pytest.skip("the neighbouring port is not free")
+    with socket.socket() as holder:
+        base = _two_free_ports()  # hold the one to take
+        holder.bind(("127.0.0.1", base + taken))
         holder.listen()
         args = place.up_args("--connection-points", "2")
         args[args.index("--grpc-port") + 1] = str(base)
