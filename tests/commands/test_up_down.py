@@ -300,7 +300,7 @@ def _two_free_ports() -> int:
     for _attempt in range(100):
         with socket.socket() as first, socket.socket() as second:
             first.bind(("127.0.0.1", 0))
-            base = first.getsockname()[1]
+            base = int(first.getsockname()[1])
             try:
                 second.bind(("127.0.0.1", base + 1))
             except OSError:
