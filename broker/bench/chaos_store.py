@@ -98,6 +98,11 @@ class StoreWriter:
         for thread in self._threads:
             thread.start()
 
+    def sent(self) -> int:
+        """How many writes were sent so far."""
+        with self._lock:
+            return sum(ledger.sent for ledger in self._ledgers)
+
     def stop(self) -> None:
         """Stop writing; return once every write sent is answered (or timed out)."""
         self._stop.set()

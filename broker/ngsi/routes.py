@@ -326,7 +326,7 @@ class _Routes:
             raise InvalidUpdate("entities must be a non-empty array")
         key_values = "keyValues" in options
         parsed = [_batch_entity(e, key_values) for e in entities]
-        await self._batch(request, action, parsed, "forcedUpdate" in options)
+        await self._batch(request, action, parsed)
         return web.Response(status=204)
 
     async def batch_notify(self, request: web.Request) -> web.Response:
@@ -336,7 +336,7 @@ class _Routes:
             raise InvalidUpdate("the payload must be a notification: subscriptionId and data")
         key_values = "keyValues" in options
         parsed = [_batch_entity(e, key_values) for e in body["data"]]
-        await self._batch(request, "append", parsed, "forcedUpdate" in options)
+        await self._batch(request, "append", parsed)
         return web.Response(status=200)
 
     async def _batch(
@@ -344,10 +344,8 @@ class _Routes:
         request: web.Request,
         action: str,
         entities: list[tuple[str, str | None, Attributes]],
-        forced: bool,
     ) -> None:
         """Apply every entity's write; publish what applied; answer as Orion does."""
-        del forced  # options_of(request) gives it to each write
         tenant, path = tenant_of(request), service_path_of(request)
         intents = []
         for entity_id, entity_type, attributes in entities:

@@ -76,7 +76,7 @@ from broker.store.layout import (
     check_store_id,
     create_store_layout,
     fence_store,
-    mark_in_sync,
+    join_in_sync,
     read_store_layout,
     register_store,
     set_store_state,
@@ -390,7 +390,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 _log.info("store %s: recovery waits (%s)", self.store_id, exc)
                 await asyncio.sleep(0.5)
         zk = self._zk()
-        await asyncio.to_thread(mark_in_sync, zk, self.store_id, True)
+        await asyncio.to_thread(join_in_sync, zk, self.store_id)
         view = self._view()
         layout = view.layout
         first = [p for p in (layout.partitions_of(self.store_id) if layout else [])]

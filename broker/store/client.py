@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from broker.store.entities import Entities, MemoryEngine
+from broker.store.reading import answer_query
 from broker.store.semantics import Applied
 from broker.store.wire import Intent
 
@@ -49,8 +50,6 @@ class LocalEntities:
 
     async def parts(self, kind: str, query: Any, partitions: Iterable[int] | None) -> list[bytes]:
         """The one part: every entity this front holds (in those partitions)."""
-        from broker.store.reading import answer_query
-
         return [answer_query(self.entities, kind, query, partitions, time.time())]
 
     async def close(self) -> None:

@@ -155,8 +155,6 @@ class Entities:
         # write ids applied but not yet durable: their outcome, set once durable
         self._staged: dict[bytes, tuple[Applied, list[Any], asyncio.Event]] = {}
         self._failed: BaseException | None = None
-        self.writes = 0  # writes answered
-        self.modified = 0  # writes that changed a document
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -227,8 +225,6 @@ class Entities:
             self._release(key, ticket)
         for write_id in staged.ids:
             self._staged.pop(write_id)[2].set()
-        self.writes += len(staged.results)
-        self.modified += len(staged.tickets)
 
     def _stage(self, intents: Sequence[Intent], now: float | None) -> _Staged:
         """Apply the writes to what is stored or pending: the results, what to commit, the
@@ -426,11 +422,6 @@ class Entities:
         for key, value in self._engine.scan(_EXPIRY):
             if key_partition(key) in wanted:
                 yield key, value
-
-    def all_documents(self) -> Iterator[Document]:
-        """Every committed document, whatever its tenant (expiry, statistics)."""
-        for _key, value in self._engine.scan(_DOCUMENTS):
-            yield Document.from_bytes(value)
 
     async def expire(
         self,

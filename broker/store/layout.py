@@ -60,7 +60,7 @@ __all__ = [
     "check_store_id",
     "create_store_layout",
     "fence_store",
-    "mark_in_sync",
+    "join_in_sync",
     "read_store_layout",
     "register_store",
     "set_store_state",
@@ -232,16 +232,10 @@ def set_store_state(
         client.retry(client.set, f"{STORES}/{store_id}", _store_body(address, member, state))
 
 
-def mark_in_sync(client: KazooClient, store_id: str, in_sync: bool) -> None:
-    """Add ``store_id`` to the in-sync set, or remove it (idempotent)."""
-    path = f"{SYNC}/{store_id}"
-    with translated("change the in-sync set"):
-        if in_sync:
-            with contextlib.suppress(NodeExistsError):
-                client.retry(client.create, path, b"", makepath=True)
-        else:
-            with contextlib.suppress(NoNodeError):
-                client.retry(client.delete, path)
+def join_in_sync(client: KazooClient, store_id: str) -> None:
+    """Add ``store_id`` to the in-sync set (idempotent; only :func:`fence_store` removes)."""
+    with translated("join the in-sync set"), contextlib.suppress(NodeExistsError):
+        client.retry(client.create, f"{SYNC}/{store_id}", b"", makepath=True)
 
 
 def fence_store(client: KazooClient, me: str, victim: str) -> bool:

@@ -11,15 +11,17 @@ order and cuts the page (:func:`broker.store.query.merge`). Types queries go the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.errors import InvalidInput
-from broker.store.client import EntityStore
 from broker.store.entities import Entities, partition_of
 from broker.store.entity_types import TypesPage, TypesPart, TypesQuery, merge_types, types_part
 from broker.store.query import EntityQuery, Page, Part, merge, select
 from broker.store.semantics import Document
 from broker.store.wire import pack, unpack
+
+if TYPE_CHECKING:  # the stores a front reads from; broker.store.client uses this module
+    from broker.store.client import EntityStore
 
 __all__ = [
     "ENTITIES",

@@ -96,7 +96,10 @@ def test_each_misbehaviour_is_counted_as_what_it_is(
 ) -> None:
     writer = StoreWriter(front.port, rate=400, entities=8)
     writer.start()
-    time.sleep(0.4)
+    deadline = time.monotonic() + 30
+    while writer.sent() < 3 * 8:  # a few writes of every entity
+        assert time.monotonic() < deadline, "the writer does not write"
+        time.sleep(0.02)
     writer.stop()
     found = writer.check(timeout=5)
     assert found["read"] == found["entities"] == 8 and found["read_error"] is None, found
