@@ -249,10 +249,16 @@ def _store_addresses(cluster: LocalCluster) -> tuple[StoreLayout, dict[str, str]
         layout = read_store_layout(client)
         if layout is None:
             raise RuntimeError("the cluster has no store layout")
-        addresses = {}
+        addresses: dict[str, str] = {}
+        deadline = time.monotonic() + 30  # a store registers its id after its membership
         for store in layout.stores:
+            while (found := client.exists(f"{STORES}/{store}")) is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"store {store} did not register within 30 s")
+                time.sleep(0.05)
             data, _stat = client.get(f"{STORES}/{store}")
             addresses[store] = json.loads(data)["address"]
+            del found
         return layout, addresses
     finally:
         client.stop()
@@ -571,8 +577,9 @@ def _memory(args: argparse.Namespace, running: _Running, start_rss: float) -> Me
     figures = MemoryFigures(entities=args.entities, rss_start_mb=start_rss)
     have = args.query_entities
     if args.entities > have:
-        figures.load_s = round(_load(args, running, QUERY_TENANT, have, args.entities - have), 1)
-        figures.load_entities_per_s = round((args.entities - have) / figures.load_s, 1)
+        took = _load(args, running, QUERY_TENANT, have, args.entities - have)
+        figures.load_s = round(took, 1)
+        figures.load_entities_per_s = round((args.entities - have) / took, 1)
     pid = next(iter(running.pids.values()))
     figures.rss_loaded_mb, figures.rss_anon_loaded_mb = _rss_mb(pid)
     _say(args, f"store RSS with {args.entities:,} entities: {figures.rss_loaded_mb:,.0f} MB")
