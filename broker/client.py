@@ -186,11 +186,16 @@ class Client:
         timeout: float = 30.0,
         window: int = 16,
         on_batch: Callable[[pb.NotificationBatch, dict[int, str]], None] | None = None,
+        store: bool = False,
     ) -> None:
         """``targets``: ``HOST:PORT`` of connection points (a list, or comma-separated).
 
         ``on_batch`` (optional) receives every raw NotificationBatch with the handle-to-id
         map, instead of the per-subscription queues (for high-rate consumers).
+
+        ``store``: publish through the context store: each update is upserted there (readers
+        see it) and the whole stored entity is published with what changed, as an NGSI write
+        is (``PublishRequest.store``); an update that changed nothing notifies nobody.
         """
         names = targets.split(",") if isinstance(targets, str) else list(targets)
         self._targets = [t.strip() for t in names if t.strip()]
@@ -200,6 +205,7 @@ class Client:
         self._timeout = timeout
         self._window = threading.Semaphore(window)
         self._on_batch = on_batch
+        self._store = store
         self._lock = threading.RLock()
         self._target = 0
         self._publish: _Stream | None = None
@@ -348,7 +354,10 @@ class Client:
     def _send_batch(self, entities: list[pb.Entity]) -> Future[int]:
         with self._lock:
             request = pb.PublishRequest(
-                publisher=self.publisher, first_sequence=self._next_sequence, entities=entities
+                publisher=self.publisher,
+                first_sequence=self._next_sequence,
+                entities=entities,
+                store=self._store,
             )
             self._next_sequence += len(entities)
         return self._send_request(request)

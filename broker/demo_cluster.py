@@ -139,6 +139,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--state-dir", default=None, help="where the cluster keeps its logs")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="the cluster processes' log level (default WARNING)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -148,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
         print("silbo demo: error: --scale-to must be at least 1", file=sys.stderr)
         return 2
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="silbo-demo-"))
-    spec = ClusterSpec(matchers=args.matchers, grpc_port=0, state_dir=state, log_level="WARNING")
+    spec = ClusterSpec(
+        matchers=args.matchers, grpc_port=0, state_dir=state, log_level=args.log_level
+    )
     _say(f"starting a cluster: {args.matchers} matchers, logs in {state / 'logs'}")
     began = time.monotonic()
     with LocalCluster(spec) as cluster:

@@ -137,6 +137,14 @@ def test_bad_arguments_fail_the_process_too() -> None:
     assert "usage: silbo bench match" in done.stderr
 
 
+def _scale_lines(logs: Path) -> str:
+    """What the cluster's processes logged about scales (a failed demo's likely story)."""
+    lines = []
+    for log in sorted(logs.glob("*.log")):
+        lines += [f"{log.stem}: {line}" for line in log.read_text().splitlines() if "scale" in line]
+    return "\n".join(["", "scale lines of the processes' logs:", *lines[-200:]])
+
+
 def test_the_cluster_demo_runs_short_and_verifies(tmp_path: Path) -> None:
     done = _silbo(
         "demo",
@@ -148,8 +156,10 @@ def test_the_cluster_demo_runs_short_and_verifies(tmp_path: Path) -> None:
         "120",
         "--state-dir",
         str(tmp_path / "demo"),
+        "--log-level",
+        "INFO",
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr + _scale_lines(tmp_path / "demo/logs")
     assert "verification summary" in done.stdout
     assert "every notification delivered exactly once, in order" in done.stdout
     lines = {

@@ -114,7 +114,7 @@ class ClusterSpec:
     access_points: int = 1
     exit_points: int = 1
     connection_points: int = 1
-    context_stores: int = 1  # the context store layer (fixed size for now: docs/context-store.md)
+    context_stores: int = 1  # the context store layer (resized by silbo admin scale)
     grpc_port: int = 7777  # the first connection point's port; the next ones count up; 0: any
     # NGSI v2 HTTP: the first connection point's port, the next ones count up; 0: any; None: off
     http_port: int | None = None
@@ -621,15 +621,15 @@ class LocalCluster:
 
     def _check_store_layout(self, client: KazooClient) -> None:
         """Write the store layout of ``context_stores`` stores, or check the kept one has
-        that many (the store layer cannot be scaled yet: docs/context-store.md)."""
+        that many (it is resized while it runs, by ``silbo admin scale context-stores``)."""
         wanted = [store_id_of(n + 1) for n in range(self.spec.context_stores)]
         layout = create_store_layout(client, wanted, replicas=self.spec.replicas)
         if list(layout.stores) != wanted:
             raise ClusterError(
                 f"cluster {self.spec.cluster} keeps its entities in {len(layout.stores)} context "
                 f"stores ({', '.join(layout.stores)}), not {len(wanted)}: start it with "
-                f"--context-stores {len(layout.stores)} (the store layer cannot be resized "
-                "yet), or from nothing with --fresh"
+                f"--context-stores {len(layout.stores)} and resize it with silbo admin scale "
+                "context-stores N, or start from nothing with --fresh"
             )
 
     def _spawn_all(self) -> None:

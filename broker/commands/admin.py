@@ -2,13 +2,15 @@
 
     silbo admin init --matchers N [--timeout S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
     silbo admin status [--json] [--interval S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
-    silbo admin scale matchers|exit-points|access-points|connection-points N [--json]
-                      [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
+    silbo admin scale matchers|exit-points|access-points|connection-points|context-stores N
+                      [--json] [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
 
 ``init`` forms a cluster whose processes were started one by one (``silbo run``; compose/):
 it waits for N matchers to register and writes the first configuration. ``status`` shows
 the processes per layer, the epoch, the subscriptions each matcher holds and rates measured
-over ``--interval`` seconds (each process is asked over its Admin service).
+over ``--interval`` seconds (each process is asked over its Admin service), and the context
+stores: each one's state, partitions held and still missing. ``scale`` changes a layer's
+size while traffic flows (``context-stores``: broker.store.scaling).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import grpc
 
 from broker.cluster.local import add_processes, retire_processes
+from broker.commands.store_scale import run_store_scale
 from broker.coordination.client import connect
 from broker.coordination.configuration import (
     DEFAULT_REPLICAS,
@@ -40,12 +43,14 @@ from broker.coordination.scale import read_state
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 from broker.runtime.token import call_metadata
+from broker.store.scaling import store_status
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
 __all__ = ["cluster_address", "configure", "gather_status", "run_init", "run_status"]
 
 LAYERS = ("connection-point", "access-point", "matcher", "exit-point", "context-store")
+STORE_LAYER = "context-stores"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--interval", type=float, default=1.0, help="seconds to measure rates")
     status.set_defaults(handler=run_status)
     scale = commands.add_parser("scale", help="change the size of a layer while traffic flows")
-    scale.add_argument("layer", choices=SCALABLE, help="the layer to scale")
+    scale.add_argument("layer", choices=(*SCALABLE, STORE_LAYER), help="the layer to scale")
     scale.add_argument("count", type=int, help="how many processes the layer should have")
     _where(scale)
     scale.add_argument("--json", action="store_true", help="one JSON object")
@@ -126,6 +131,8 @@ def run_scale(args: argparse.Namespace) -> int:
     registration order; leaving ones are stopped by the operator afterwards (they are idle
     once the scale completes).
     """
+    if args.layer == STORE_LAYER:
+        return run_store_scale(args, cluster_address)
     role = Role(_ROLES[args.layer])
     if args.count < 1:
         print(
@@ -203,6 +210,7 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         found = members(client)
         current = ClusterConfiguration(client).read()
         scale = read_state(client)
+        stores = store_status(client)
     finally:
         client.stop()
         client.close()
@@ -251,6 +259,8 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         # matchers configured to hold each subscription, and how many live ones do now
         "replicas": configuration.replicas if configuration else None,
         "replicas_live": _live_replicas(configuration, found) if configuration else None,
+        # the context store layer: its layout version, and each store's state (None: none)
+        "store_layer": stores,
     }
     plan = scale.plan
     if plan is not None:
@@ -321,6 +331,8 @@ def run_status(args: argparse.Namespace) -> int:
     if status["failed"]:
         recent = status["failed"][-3:]
         print(f"failures repaired: {len(status['failed'])} (last: {', '.join(recent)})")
+    if status.get("store_layer"):
+        _print_stores(status["store_layer"])
     print(f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8}  rates/s")
     for p in status["processes"]:
         rates = ", ".join(
@@ -331,3 +343,15 @@ def run_status(args: argparse.Namespace) -> int:
         row = f"{p['role']:<17} {p['name']:<52} {p['address']:<22} {p['pid']:>7} {subs:>8}"
         print(f"{row}  {rates or '-'}{state}")
     return 0
+
+
+def _print_stores(layer: dict[str, Any]) -> None:
+    transition = layer["transition"]
+    moving = f", scaling from {', '.join(transition)}" if transition else ""
+    print(f"context stores: layout {layer['layout']}, replicas {layer['replicas']}{moving}")
+    for store, entry in layer["stores"].items():
+        sync = "in sync" if entry["in_sync"] else "out of sync"
+        print(
+            f"  {store}: {entry['state']}, {sync}, {entry['partitions']} partitions "
+            f"({entry['primary_of']} as primary, {entry['missing']} missing)"
+        )

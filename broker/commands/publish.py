@@ -170,6 +170,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="this update's number in the publisher's order (default 1)",
     )
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="upsert it in the context store first and publish the whole stored entity (what "
+        "an NGSI write does: readers see it, subscriptions match the merged entity)",
+    )
     add_connection_options(parser)
     parser.add_argument(
         "attributes",
@@ -236,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
                 publisher=client.publisher,
                 first_sequence=args.sequence,
                 entities=[entity_from_update(update)],
+                store=args.store,
             )
             try:
                 client.publish_requests([request])

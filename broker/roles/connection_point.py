@@ -62,6 +62,7 @@ from broker.model.identifiers import check_tenant
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
 from broker.ngsi.request import dumps
 from broker.roles.store_client import StoreClient
+from broker.roles.stored_publish import through_store
 from broker.runtime.answers import answered
 from broker.runtime.backup import Outbox, Seen
 from broker.runtime.handles import MAX_CONNECTION_POINT, make_handle, sessions_of
@@ -366,17 +367,32 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self, request: pb.PublishRequest, publisher: str
     ) -> asyncio.Future[int]:
         """Send a publisher's batch on toward the matchers, kept in the outbox; the future
-        gives its count once it is delivered (Unavailable if it never is)."""
+        gives its count once it is delivered (Unavailable if it never is). A batch with
+        ``store`` set is upserted in the context store first (broker/roles/stored_publish.py)."""
         if not request.entities:  # nothing to deliver: delivered now
-            empty: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-            empty.set_result(0)
-            return empty
-        number = self._outbox.number()
-        payload, count = self._updates(request, publisher, number)
-        link = await self._access_point()
-        delivered = self._outbox.keep(number, payload, count)
-        self._ctx().metrics.retained.set(len(self._outbox))
-        await link.send(payload)  # a link that just failed: the outbox sends it again
+            return _done(0)
+        objs = self._checked(request)
+        publisher = request.publisher or publisher
+        count = len(request.entities)
+        first = request.first_sequence
+        entities: Sequence[pb.Entity] = request.entities
+        sequences: Sequence[int] = range(first, first + count)
+        refusal = None
+        if request.store:
+            stored = await through_store(self.entities, request.entities, first)
+            entities, sequences, refusal = stored.entities, stored.sequences, stored.refusal()
+            objs = [normalize_entity(entity) for entity in entities]
+        if entities:
+            number = self._outbox.number()
+            payload = self._packed(entities, objs, publisher, sequences, number)
+            link = await self._access_point()
+            delivered = self._outbox.keep(number, payload, len(entities))
+            self._ctx().metrics.retained.set(len(self._outbox))
+            await link.send(payload)  # a link that just failed: the outbox sends it again
+        else:
+            delivered = _done(0)
+        if request.store:  # the whole batch counts, or the store's refusal answers it
+            return asyncio.ensure_future(_answered(delivered, count, refusal))
         return delivered
 
     async def _send_again(self, link: Link) -> None:
@@ -407,9 +423,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 self._ctx().metrics.items_out.labels(kind="refused_batch").inc(expired)
             self._ctx().metrics.retained.set(len(self._outbox))
 
-    def _updates(
-        self, request: pb.PublishRequest, default_publisher: str, number: int = 0
-    ) -> tuple[bytes, int]:
+    def _checked(self, request: pb.PublishRequest) -> list[Any]:
+        """The batch's entities normalised for matching; InvalidUpdate for a batch the
+        internal links could not carry or an invalid entity (the whole batch is refused)."""
         count = len(request.entities)
         if count > MAX_BATCH_ENTITIES:
             raise InvalidUpdate(
@@ -432,22 +448,32 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 f"the sequences of a batch of {count} from first_sequence {first} pass "
                 f"{_MAX_SEQUENCE}, the largest a uint64 holds"
             )
-        publisher = request.publisher or default_publisher
         objs = []
         for i, entity in enumerate(request.entities):
             try:
                 objs.append(normalize_entity(entity))
             except InvalidInput as exc:
                 raise InvalidUpdate(f"entity {i} ({entity.id!r}): {exc}") from exc
+        return objs
+
+    def _packed(
+        self,
+        entities: Sequence[pb.Entity],
+        objs: list[Any],
+        publisher: str,
+        sequences: Sequence[int],
+        number: int,
+    ) -> bytes:
+        """The routable batch of checked entities (``number``: its outbox number)."""
         updates = wire.Updates(
-            entities=[entity.SerializeToString() for entity in request.entities],
-            publishers=[publisher] * count,
-            sequences=range(first, first + count),
+            entities=[entity.SerializeToString() for entity in entities],
+            publishers=[publisher] * len(entities),
+            sequences=sequences,
             matchable=packb(objs),
             origin=self._number if number else 0,
             origin_batch=number,
         )
-        return _routable(wire.Batch(updates=updates), "publish smaller batches"), count
+        return _routable(wire.Batch(updates=updates), "publish smaller batches")
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -1070,6 +1096,21 @@ class _FrontPort:
     async def unsubscribe(self, ids: Sequence[str]) -> None:
         unsubscribe = pb.Unsubscribe(ids=ids)
         _raise_for(await self._cp._unsubscribe(self._session, next(self._requests), unsubscribe))
+
+
+def _done(count: int) -> asyncio.Future[int]:
+    done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    done.set_result(count)
+    return done
+
+
+async def _answered(delivered: Awaitable[int], count: int, refusal: SilboError | None) -> int:
+    """A stored batch's answer once what it published is delivered: all ``count`` accepted,
+    or the store's refusal of some (the rest were stored and published)."""
+    await delivered
+    if refusal is not None:
+        raise refusal
+    return count
 
 
 def _raise_for(ack: pb.SessionAck) -> None:

@@ -23,9 +23,13 @@ its partitions fail over in about a second after a kill -9 or a SIGSTOP. Fencing
 ZooKeeper transaction that needs the fencer in sync, so of two stores fencing each other
 only one does, and one that cannot fence stops. A store that starts out
 of sync is *recovering*: it copies its partitions from their primaries (``Snapshot``; their
-new writes come to it meanwhile, and win over the copy), joins the in-sync set, takes back
-the partitions it ranks first for (``Yield``: the old primary stops writing them and lets
-its writes in flight finish) and serves.
+new writes come to it meanwhile, and win over the copy: broker.roles.store_copy), joins the
+in-sync set, takes back the partitions it ranks first for (``Yield``: the old primary stops
+writing them and lets its writes in flight finish) and serves. A scale of the store layer
+(broker.store.scaling) is followed the same way: the partitions that arrive to a serving
+store in a transition layout are copied, taken back where it ranks first, and cleared from
+its registration's missing ones; those it no longer holds once a layout settles are
+dropped.
 
 Failures (docs/failures.md): a store killed loses nothing it answered. Its partitions' next
 holder serves them at once (the fronts retry on it); with one replica, they wait for the
@@ -41,7 +45,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -50,6 +55,7 @@ from grpc import aio
 from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import InvalidInput, SilboError
+from broker.roles.store_copy import Copier, NotYet
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.process import EXIT_FENCED, ProcessContext
 from broker.runtime.token import call_metadata
@@ -72,6 +78,7 @@ from broker.store.layout import (
     SERVING,
     STORES,
     LayoutWatch,
+    Registration,
     StoreView,
     check_store_id,
     create_store_layout,
@@ -129,9 +136,11 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._watch: LayoutWatch | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._shippers: dict[str, _Shipper] = {}
-        self._copying: dict[str, str] = {}  # a recovering store we ship to: its address
-        self._shipped: set[bytes] | None = None  # while recovering: keys a primary shipped
-        self._copy_lock = asyncio.Lock()  # while recovering: copies and shipments in turn
+        # a store copying partitions from here: its address, those partitions
+        self._copying: dict[str, tuple[str, frozenset[int]]] = {}
+        self._copier: Copier | None = None
+        self._layout_changed = asyncio.Event()
+        self._registration = Registration("")
         self._yielded: dict[int, float] = {}  # partition given back: until when it is refused
         self._in_flight: dict[int, set[int]] = {}  # applies running: their partitions
         self._settled = asyncio.Event()
@@ -155,19 +164,22 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         zk = context.zk
         if await asyncio.to_thread(read_store_layout, zk) is None:
             await asyncio.to_thread(create_store_layout, zk, [self.store_id])
-        self._watch = await asyncio.to_thread(LayoutWatch, zk)
+        self._watch = await asyncio.to_thread(LayoutWatch, zk, self._on_layout_change)
         in_sync = await asyncio.to_thread(zk.exists, f"/store-sync/{self.store_id}")
         self.state = SERVING if in_sync else RECOVERING
-        await asyncio.to_thread(
-            register_store,
-            zk,
-            self.store_id,
+        layout = self._view().layout
+        self._copier = Copier(self.store_id, context.member.address, self._entities, self._stream)
+        if in_sync:
+            self._copier.start_whole(layout)
+        self._registration = Registration(
             context.member.address,
             context.member.name,
             self.state,
+            layout.version if layout else 0,
+            frozenset(layout.arriving_of(self.store_id) if layout else ()),
         )
+        await asyncio.to_thread(register_store, zk, self.store_id, self._registration)
         DataWatch(zk, f"{STORES}/{self.store_id}", self._registration_changed)
-        layout = self._watch.layout
         if layout is not None and self.store_id not in layout.stores:
             _log.warning(
                 "store %s is not in the cluster's store layout (%s): it holds no partition",
@@ -177,8 +189,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._tasks.append(asyncio.create_task(self._sweep(), name="expiry"))
         self._tasks.append(asyncio.create_task(self._probe(), name="probe"))
         if self.state == RECOVERING:
-            self._shipped = set()
             self._tasks.append(asyncio.create_task(self._recover(), name="recovery"))
+        self._tasks.append(asyncio.create_task(self._follow(), name="scale"))
         _log.info(
             "context store %s on %s (%s, %d keys): %s",
             self.store_id,
@@ -264,28 +276,28 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         layout = view.layout
         if layout is None:
             return
-        by_store: dict[str, tuple[list[tuple[bytes, bytes]], list[bytes]]] = {}
-        everyone: set[str] = set()
         touched = {key_partition(k) for k, _v in puts} | {key_partition(k) for k in deletes}
+        targets: dict[int | None, list[str]] = {}
         stale: set[str] = set()
         for partition in touched - {None}:
             assert partition is not None
-            holders = layout.holders(partition)
-            backups = [s for s in view.backups(partition, self.store_id)]
-            backups += [s for s in self._copying if s in holders and s not in backups]
-            everyone.update(backups)
+            backups = view.backups(partition, self.store_id)
+            backups += [
+                s for s, (_a, ps) in self._copying.items() if partition in ps and s not in backups
+            ]
+            targets[partition] = backups
             stale.update(
                 s
-                for s in holders
-                if s != self.store_id and s in view.in_sync and s not in view.addresses
+                for s in layout.holders(partition)
+                if s != self.store_id and s in view.in_sync and s not in view.registrations
             )
+        targets[None] = sorted(set().union(*targets.values()))  # keys of every partition
+        by_store: dict[str, tuple[list[tuple[bytes, bytes]], list[bytes]]] = {}
         for key, value in puts:
-            partition = key_partition(key)
-            for store in everyone if partition is None else _targets(layout, partition, everyone):
+            for store in targets[key_partition(key)]:
                 by_store.setdefault(store, ([], []))[0].append((key, value))
         for key in deletes:
-            partition = key_partition(key)
-            for store in everyone if partition is None else _targets(layout, partition, everyone):
+            for store in targets[key_partition(key)]:
                 by_store.setdefault(store, ([], []))[1].append(key)
         for store in stale:  # a dead in-sync holder would miss this write: out of the set
             await self.fence(store, "is not live")
@@ -301,7 +313,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
 
     def address_of(self, store: str) -> str | None:
         """Where ``store`` serves, as this store knows it."""
-        return self._view().addresses.get(store) or self._copying.get(store)
+        copying = self._copying.get(store)
+        return self._view().addresses.get(store) or (copying[0] if copying else None)
 
     async def fence(self, store: str, why: str) -> None:
         """Take ``store`` out of the in-sync set and delete its registration (it stops);
@@ -323,14 +336,9 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             deletes = [bytes(k) for k in deletes]
         except (SilboError, ValueError, TypeError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a shipment: {exc}")
+        del entities  # the copier stores them (they win over a copy in progress)
         try:
-            if self._shipped is None:
-                await entities.store(puts, deletes)
-            else:
-                async with self._copy_lock:  # recovering: these win over the copy
-                    self._shipped.update(k for k, _v in puts)
-                    self._shipped.update(deletes)
-                    await entities.store(puts, deletes)
+            await self._copy_state().receive(puts, deletes)
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -347,7 +355,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             wanted = [int(p) for p in partitions]
         except (SilboError, ValueError, TypeError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a snapshot request: {exc}")
-        self._copying[str(store)] = str(address)  # its writes go to it from now on...
+        copying = self._copying.get(str(store), ("", frozenset()))[1] | frozenset(wanted)
+        self._copying[str(store)] = (str(address), copying)  # writes go to it from now on...
         await self._barrier(set(wanted))  # ...and those in flight before are committed
         chunk: list[tuple[bytes, bytes]] = []
         for item in await asyncio.to_thread(lambda: list(entities.partition_items(wanted))):
@@ -361,10 +370,15 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
     ) -> wire.StoreAnswer:
         try:
-            store, partitions = unpack(request.body)
+            store, partitions, *version = unpack(request.body)
             wanted = {int(p) for p in partitions}
+            layout_version = int(version[0]) if version else 0
         except (SilboError, ValueError, TypeError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a yield request: {exc}")
+        if not await self._layout_reached(layout_version):  # it ships by that layout then
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"store layout {layout_version} not seen yet"
+            )
         until = time.monotonic() + YIELD_HOLD
         for partition in wanted:
             self._yielded[partition] = until
@@ -382,76 +396,106 @@ class ContextStore(wire_grpc.ContextStoreServicer):
     async def _recover(self) -> None:
         """Copy every partition held here from its primary, then serve (module doc)."""
         await asyncio.sleep(0.2)  # the gRPC server starts after start() returns
+        copier = self._copy_state()
         while True:
+            view = self._view()
+            layout = view.layout
             try:
-                await self._copy_all()
+                if layout is None:
+                    raise NotYet("no store layout")
+                copied = await copier.copy(view, layout.partitions_of(self.store_id))
                 break
-            except (grpc.aio.AioRpcError, SilboError, _NotYet) as exc:
+            except (grpc.aio.AioRpcError, SilboError, NotYet) as exc:
                 _log.info("store %s: recovery waits (%s)", self.store_id, exc)
                 await asyncio.sleep(0.5)
-        zk = self._zk()
-        await asyncio.to_thread(join_in_sync, zk, self.store_id)
-        view = self._view()
-        layout = view.layout
-        first = [p for p in (layout.partitions_of(self.store_id) if layout else [])]
-        first = [p for p in first if layout is not None and layout.holder(p) == self.store_id]
-        by_primary: dict[str, list[int]] = {}
-        for partition in first:
-            primary = view.primary(partition)
-            if primary is not None and primary != self.store_id:
-                by_primary.setdefault(primary, []).append(partition)
-        for primary, partitions in by_primary.items():
-            with contextlib.suppress(grpc.aio.AioRpcError, _NotYet):
-                await self._call(primary, "Yield", pack([self.store_id, partitions]))
-        assert self._context is not None
-        member = self._context.member
-        await asyncio.to_thread(
-            set_store_state, zk, self.store_id, member.address, member.name, SERVING
-        )
+        await asyncio.to_thread(join_in_sync, self._zk(), self.store_id)
+        await self._take_over(copied, layout.version)
         self.state = SERVING
-        self._shipped = None
+        await self._announce(layout.version)
         _log.info("context store %s recovered: serving", self.store_id)
 
-    async def _copy_all(self) -> None:
+    async def _follow(self) -> None:
+        """Follow the store layout's scales (module doc): copy what arrives here in a
+        transition, drop what is left once it settles."""
+        copier = self._copy_state()
+        while True:
+            await self._layout_changed.wait()
+            self._layout_changed.clear()
+            view = self._view()
+            layout = view.layout
+            self._release_yields(view)
+            if layout is None or self.state != SERVING:
+                continue
+            try:
+                await copier.drop_left(layout)
+                arriving = [p for p in layout.arriving_of(self.store_id) if p not in copier.whole]
+                if not arriving and self._registration.layout == layout.version:
+                    continue
+                copied = await copier.copy(view, arriving)
+                if self._view().layout != layout:
+                    self._layout_changed.set()  # moved on meanwhile: look again
+                    continue
+                await self._take_over(copied, layout.version)
+                await self._announce(layout.version)
+            except (grpc.aio.AioRpcError, NotYet) as exc:
+                _log.info(
+                    "store %s: copy for layout %d waits (%s)", self.store_id, layout.version, exc
+                )
+                await asyncio.sleep(0.5)
+                self._layout_changed.set()
+            except (StoreFailed, StorageError, SilboError) as exc:
+                self._fail(exc)
+                return
+
+    async def _take_over(self, copied: dict[str, list[int]], version: int) -> None:
+        """Tell each primary copied from that the copy is over; those of partitions this
+        store is about to be the primary of yield them first (their writes in flight end)."""
         view = self._view()
-        layout = view.layout
-        if layout is None:
-            raise _NotYet("no store layout")
-        by_primary: dict[str, list[int]] = {}
-        for partition in layout.partitions_of(self.store_id):
-            primary = view.primary(partition)
-            if primary is None or primary == self.store_id:
-                raise _NotYet(f"partition {partition} has no primary to copy from")
-            by_primary.setdefault(primary, []).append(partition)
-        entities = self._serving()
-        assert self._context is not None
-        for primary, partitions in by_primary.items():
-            seen: set[bytes] = set()
-            body = pack([self.store_id, self._context.member.address, partitions])
-            async for chunk in self._stream(primary, body):
-                items = [(bytes(k), bytes(v)) for k, v in unpack(chunk)]
-                seen.update(k for k, _v in items)
-                async with self._copy_lock:
-                    shipped = self._shipped or set()
-                    await entities.store([(k, v) for k, v in items if k not in shipped], [])
-            local = await asyncio.to_thread(_keys, entities, partitions)
-            async with self._copy_lock:
-                shipped = self._shipped or set()
-                gone = [k for k in local if k not in seen and k not in shipped]
-                await entities.store([], gone)
-            _log.info(
-                "store %s copied %d partitions from %s (%d keys, %d stale removed)",
-                self.store_id,
-                len(partitions),
-                primary,
-                len(seen),
-                len(gone),
-            )
+        mine = replace(self._registration, state=SERVING, layout=version, missing=frozenset())
+        after = replace(
+            view,
+            registrations={**view.registrations, self.store_id: mine},
+            in_sync=view.in_sync | {self.store_id},
+        )
+        for primary, partitions in copied.items():
+            taken = [p for p in partitions if after.primary(p) == self.store_id]
+            with contextlib.suppress(grpc.aio.AioRpcError, NotYet):
+                await self._call(primary, "Yield", pack([self.store_id, taken, version]))
+
+    async def _announce(self, version: int) -> None:
+        """Register as serving, missing nothing of layout ``version``."""
+        copier = self._copy_state()
+        self._registration = replace(
+            self._registration,
+            state=SERVING,
+            layout=version,
+            missing=frozenset(),
+            copied=copier.copied,
+        )
+        await asyncio.to_thread(set_store_state, self._zk(), self.store_id, self._registration)
+
+    async def _layout_reached(self, version: int, wait: float = 5.0) -> bool:
+        """Whether this store's view reaches layout ``version`` within ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            layout = self._view().layout
+            if version <= (layout.version if layout else 0):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    def _release_yields(self, view: StoreView) -> None:
+        """A yielded partition whose primary is another store in the view is no longer held
+        back: the view agrees, and a later return here must not wait for YIELD_HOLD."""
+        for partition in list(self._yielded):
+            if view.primary(partition) != self.store_id:
+                del self._yielded[partition]
 
     async def _stream(self, store: str, body: bytes) -> AsyncIterator[bytes]:
         address = self.address_of(store)
         if address is None:
-            raise _NotYet(f"store {store} is not live")
+            raise NotYet(f"store {store} is not live")
         async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
             call = stub.Snapshot(wire.StoreRequest(body=body), metadata=call_metadata())
@@ -461,7 +505,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
     async def _call(self, store: str, method: str, body: bytes) -> bytes:
         address = self.address_of(store)
         if address is None:
-            raise _NotYet(f"store {store} is not live")
+            raise NotYet(f"store {store} is not live")
         async with aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
             answer: wire.StoreAnswer = await getattr(stub, method)(
@@ -503,6 +547,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         assert self._entities is not None, "the store has not started"
         return self._entities
 
+    def _copy_state(self) -> Copier:
+        assert self._copier is not None, "the store has not started"
+        return self._copier
+
     def _view(self) -> StoreView:
         assert self._watch is not None, "the store has not started"
         return self._watch.view
@@ -510,6 +558,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
     def _zk(self) -> Any:
         assert self._context is not None
         return self._context.zk
+
+    def _on_layout_change(self) -> None:  # kazoo's thread
+        assert self._context is not None
+        self._context.loop.call_soon_threadsafe(self._layout_changed.set)
 
     def _registration_changed(self, data: bytes | None, _stat: object) -> bool | None:
         if data is None and self._context is not None:  # kazoo's thread
@@ -592,10 +644,6 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             return False
 
 
-class _NotYet(Exception):
-    """Recovery cannot go on yet (no primary to copy from)."""
-
-
 class _Shipper:
     """The writes shipped to one backup, in order: one call in flight, all that waited in
     the next (module doc)."""
@@ -661,15 +709,6 @@ class _Shipper:
             timeout=SHIP_TIMEOUT,
             metadata=call_metadata(),
         )
-
-
-def _targets(layout: Any, partition: int, everyone: Iterable[str]) -> list[str]:
-    holders = layout.holders(partition)
-    return [s for s in everyone if s in holders]
-
-
-def _keys(entities: Entities, partitions: list[int]) -> list[bytes]:
-    return [key for key, _value in entities.partition_items(partitions)]
 
 
 def _partition_count(view: StoreView) -> int:

@@ -73,7 +73,7 @@ def test_a_large_random_workload_matches_as_the_reference(spark: Any, method: st
 
 
 @settings(
-    max_examples=examples(8),
+    max_examples=examples(5),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

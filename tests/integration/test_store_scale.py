@@ -1,0 +1,221 @@
+"""``silbo admin scale context-stores N`` with real processes, while a writer and a reader run.
+
+- 1 -> 2 -> 1 stores (one replica each partition: every partition moves on its own copy)
+  while a writer upserts and ``$inc``s with an oracle of every acknowledged write and a
+  reader reads one entity: after each scale every entity reads back as acknowledged (the
+  counters exact), the reader never failed, and after a restart of the cluster too.
+- A new store that hangs during its copy: the scale is rolled back, nothing acknowledged
+  is lost, the cluster serves on with its old stores.
+- Bad arguments are refused with a message, and leave the cluster serving.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ngsi.conftest import Front
+
+from broker.cli import main
+from broker.cluster import LocalCluster
+from broker.coordination.client import connect
+from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.runtime.options import Role
+from broker.store.layout import SCALE, read_store_layout
+from broker.store.scaling import registrations
+from integration.test_context_store import _entities, _fronts, _spec
+
+pytestmark = pytest.mark.slow
+
+ENTITIES = 30
+
+
+class _Writer(threading.Thread):
+    """Upserts and ``$inc``s round the entities; keeps what each acknowledged answer means."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(daemon=True)
+        self.front = Front(address)
+        self.values: dict[str, int] = {}
+        self.counters: dict[str, int] = {}
+        self.refused = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self._done.is_set():
+            entity = f"E{i % ENTITIES}"
+            body = {"id": entity, "type": "T", "v": {"type": "Number", "value": i}}
+            if self._ok(self.front.call("POST", "/v2/entities?options=upsert", body)):
+                self.values[entity] = i
+                inc = {"n": {"type": "Number", "value": {"$inc": 1}}}
+                if self._ok(self.front.call("POST", f"/v2/entities/{entity}/attrs", inc)):
+                    self.counters[entity] = self.counters.get(entity, 0) + 1
+            i += 1
+
+    def _ok(self, answer: Any) -> bool:
+        if answer.status in (201, 204):
+            return True
+        assert answer.status == 503, answer  # refused: not applied
+        self.refused += 1
+        return False
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(30)
+
+    def check(self, front: Front) -> None:
+        found = {e["id"]: e for e in _entities(front)}
+        assert {k: e["v"]["value"] for k, e in found.items()} == self.values
+        assert {k: e["n"]["value"] for k, e in found.items() if "n" in e} == self.counters
+
+
+class _Reader(threading.Thread):
+    """Reads one entity and a list over and over; counts what did not answer 200."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(daemon=True)
+        self.front = Front(address)
+        self.failed: list[int] = []
+        self.reads = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for path in ("/v2/entities/E0", "/v2/entities?limit=5"):
+                status = self.front.call("GET", path).status
+                self.reads += 1
+                if status != 200:
+                    self.failed.append(status)
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(30)
+
+
+@pytest.fixture
+def one_store(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[LocalCluster, Any]]:
+    """A cluster of one store (one replica) and one HTTP front, with E0 written."""
+    spec = _spec(
+        zookeeper,
+        tmp_path / "state",
+        f"ss-{uuid.uuid4().hex[:8]}",
+        connection_points=1,
+        context_stores=1,
+        replicas=1,
+    )
+    with LocalCluster(spec) as cluster:
+        (front,) = _fronts(cluster.description, cluster)
+        body = {"id": "E0", "type": "T", "v": {"type": "Number", "value": 0}}
+        assert front.call("POST", "/v2/entities", body).status == 201
+        yield cluster, front
+
+
+def _scale(cluster: LocalCluster, count: int, *extra: str) -> int:
+    state = str(cluster.state_dir)
+    return main(["admin", "scale", "context-stores", str(count), "--state-dir", state, *extra])
+
+
+def _stores(cluster: LocalCluster) -> list[str]:
+    client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    try:
+        layout = read_store_layout(client)
+        assert layout is not None and not layout.previous
+        return list(layout.stores)
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_scale_out_and_in_under_writes_and_reads_loses_nothing(
+    one_store: tuple[LocalCluster, Front], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, front = one_store
+    writer, reader = _Writer(front.host + f":{front.port}"), _Reader(f"{front.host}:{front.port}")
+    writer.values["E0"] = 0
+    writer.start()
+    reader.start()
+    time.sleep(0.5)
+    try:
+        assert _scale(cluster, 2) == 0, capsys.readouterr()
+        out = capsys.readouterr().out
+        assert out.startswith("completed: context-stores 1 -> 2"), out
+        assert _stores(cluster) == ["store-1", "store-2"]
+        time.sleep(0.3)
+        assert _scale(cluster, 1, "--json") == 0, capsys.readouterr()
+        assert '"outcome": "completed"' in capsys.readouterr().out
+        assert _stores(cluster) == ["store-1"]
+        time.sleep(0.3)
+    finally:
+        writer.stop()
+        reader.stop()
+    assert reader.reads > 20 and reader.failed == []
+    assert len(writer.values) == ENTITIES and writer.refused == 0
+    writer.check(front)
+    stores = [p for p in cluster.description["processes"] if p["role"] == "context-store"]
+    assert len(stores) == 1
+    cluster.stop()
+    with LocalCluster(cluster.spec) as again:
+        (front,) = _fronts(again.description, again)
+        writer.check(front)
+
+
+def test_a_new_store_that_hangs_during_its_copy_rolls_the_scale_back(
+    one_store: tuple[LocalCluster, Front], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, front = one_store
+    (added,) = cluster.add(Role.CONTEXT_STORE, 1)  # idle: the scale takes it
+    client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    try:
+        deadline = time.monotonic() + 20
+        while registrations(client).get("store-2", None) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(added.pid, signal.SIGSTOP)  # hangs: it copies nothing, takes no shipment
+        writer = _Writer(f"{front.host}:{front.port}")
+        writer.values["E0"] = 0
+        writer.start()
+        try:
+            assert _scale(cluster, 2, "--timeout", "6") == 1
+            out = capsys.readouterr().out
+            assert out.startswith("rolled back: context-stores 1 -> 2"), out
+        finally:
+            os.kill(added.pid, signal.SIGKILL)
+            writer.stop()
+        assert _stores(cluster) == ["store-1"]
+        writer.check(front)
+        assert front.call("GET", "/v2/entities/E0").status == 200
+    finally:
+        client.stop()
+        client.close()
+
+
+def test_bad_arguments_are_refused_and_the_cluster_serves_on(
+    one_store: tuple[LocalCluster, Front], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, front = one_store
+    assert _scale(cluster, 0) == 2
+    assert "at least one context store" in capsys.readouterr().err
+    client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    try:
+        client.create(SCALE, b"", ephemeral=True)
+        assert _scale(cluster, 2) == 2
+        assert "is running" in capsys.readouterr().err
+        client.delete(SCALE)
+    finally:
+        client.stop()
+        client.close()
+    other = f"none-{uuid.uuid4().hex[:8]}"  # a cluster with no store layer
+    where = ["--zk", cluster.zk_address, "--cluster", other]
+    assert main(["admin", "scale", "context-stores", "2", *where]) == 2
+    assert "no context store layer" in capsys.readouterr().err
+    assert _stores(cluster) == ["store-1"]
+    assert front.call("GET", "/v2/entities/E0").status == 200
