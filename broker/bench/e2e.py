@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from broker.client import Client
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.configuration import DEFAULT_REPLICAS
 from broker.matching import Engine
+from broker.model.update import ContextUpdate
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
 
@@ -63,6 +64,7 @@ __all__ = [
     "run",
     "run_once",
     "sorted_unique",
+    "stored_pool",
 ]
 
 POOL = 20_000  # distinct updates; the run cycles through them
@@ -92,6 +94,7 @@ class E2eReport:
     unexpected: int = 0
     out_of_order: int = 0
     drained: bool = True
+    store: bool = False  # published through the context store (--store)
 
 
 class _Receiver:
@@ -140,6 +143,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch", type=int, default=200, help="updates per publish batch")
     parser.add_argument("--window", type=int, default=8, help="publish batches in flight")
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="publish through the context store (PublishRequest.store: each update upserted, "
+        "the stored entity published)",
+    )
     parser.add_argument("--matchers", type=int, default=2)
     parser.add_argument(
         "--replicas",
@@ -159,6 +168,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; prints the report (exit 1 if anything was lost or duplicated)."""
     if args.rate != "max" and (not args.rate.isdigit() or int(args.rate) <= 0):
         print("silbo bench e2e: error: --rate must be a positive integer or max", file=sys.stderr)
+        return 2
+    if args.store and args.state_dir:
+        print(
+            "silbo bench e2e: error: --store needs a cluster of its own (its oracle starts "
+            "from an empty store): leave out --state-dir",
+            file=sys.stderr,
+        )
         return 2
     try:
         counts = [int(part) for part in str(args.replicas).split(",")]
@@ -217,6 +233,7 @@ def run_once(args: argparse.Namespace) -> E2eReport:
     report = E2eReport(
         args.subscriptions, str(args.rate), args.duration, args.batch, args.matchers, args.replicas
     )
+    report.store = args.store
     cluster = None
     if args.state_dir:
         client_targets = Client.from_state_dir(args.state_dir).target
@@ -259,7 +276,7 @@ def _measure(args: argparse.Namespace, report: E2eReport, target: str) -> None:
         handle_numbers = handle_positions(subscriber)
         _say(f"publishing for {args.duration:.0f} s at {args.rate} updates/s")
         published, started, stopped = _publish(publisher, entities, args, rate, sent_at, batches)
-        expected = _expected(subscriptions, pool, published, ids)
+        expected = _expected(subscriptions, pool, published, ids, args.store)
         report.expected = len(expected)
         deadline = time.perf_counter() + args.drain
         while receiver.count < report.expected and time.perf_counter() < deadline:
@@ -315,7 +332,12 @@ def _publish(
     for b in range(batches):
         chosen = [entities[(b * size + i) % len(entities)] for i in range(size)]
         requests.append(
-            pb.PublishRequest(publisher="bench-e2e", first_sequence=b * size + 1, entities=chosen)
+            pb.PublishRequest(
+                publisher="bench-e2e",
+                first_sequence=b * size + 1,
+                entities=chosen,
+                store=args.store,
+            )
         )
     # The prepared batches are many long-lived objects: keep the collector off them, and
     # off this process while it measures (a full collection would show up as latency).
@@ -381,19 +403,42 @@ def expected_positions(
 
 
 def expected_pairs(
-    per_update: list[npt.NDArray[np.int64]], published: int
+    per_update: list[npt.NDArray[np.int64]], published: int, period: int | None = None
 ) -> npt.NDArray[np.int64]:
     """Every (sequence, subscription position) pair that should be delivered, encoded.
 
     Sequence ``s`` (from 1) carries pool update ``(s - 1) % len(per_update)``; a pair is
-    ``s * 2**24 + position``, as :func:`delivered_pairs` encodes deliveries.
+    ``s * 2**24 + position``, as :func:`delivered_pairs` encodes deliveries. With ``period``,
+    ``per_update`` is a first pass then one that repeats every ``period`` (stored updates:
+    :func:`stored_pool`).
     """
     pairs = []
     for sequence in range(1, published + 1):
-        positions = per_update[(sequence - 1) % len(per_update)]
+        positions = per_update[_pool_index(sequence, len(per_update), period)]
         if len(positions):
             pairs.append(sequence * (1 << 24) + positions)
     return sorted_unique(np.concatenate(pairs)) if pairs else np.zeros(0, dtype=np.int64)
+
+
+def _pool_index(sequence: int, length: int, period: int | None) -> int:
+    if period is None:
+        return (sequence - 1) % length
+    first = length - period
+    return sequence - 1 if sequence <= length else first + (sequence - 1 - first) % period
+
+
+def stored_pool(pool: list[ContextUpdate]) -> list[ContextUpdate]:
+    """What the context store publishes for the pool cycled twice (``--store``): each
+    update merged into its entity's earlier attributes. From the second pass on, every
+    entity has all the attributes it ever gets, so the second pass repeats for ever."""
+    merged: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    out = []
+    for update in [*pool, *pool]:
+        key = (update.tenant, update.service_path, update.entity_id, update.entity_type)
+        attributes = merged.setdefault(key, {})
+        attributes.update(update.attributes)
+        out.append(replace(update, attributes=dict(attributes)))
+    return out
 
 
 def sorted_unique(values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -421,9 +466,14 @@ def _expected(
     pool: list[Any],
     published: int,
     ids: list[str],
+    store: bool = False,
 ) -> npt.NDArray[np.int64]:
     """Every (sequence, subscription position) pair that should be delivered, encoded."""
     _say("computing the expected deliveries with the in-process engine")
+    if store:
+        stored = stored_pool(pool)
+        per_update = expected_positions(subscriptions, stored, ids)
+        return expected_pairs(per_update, published, period=len(pool))
     return expected_pairs(expected_positions(subscriptions, pool, ids), published)
 
 
@@ -442,7 +492,8 @@ def _print(report: E2eReport) -> None:
     print(
         f"W-IoT e2e, {report.subscriptions} subscriptions, {report.matchers} matchers "
         f"({report.replicas} replicas), "
-        f"rate {report.rate}, batch {report.batch}\n"
+        f"rate {report.rate}, batch {report.batch}"
+        f"{', through the context store' if report.store else ''}\n"
         f"  updates: {report.updates} at {report.updates_per_s:,.0f}/s sustained "
         f"(offered {report.offered_per_s:,.0f}/s)\n"
         f"  deliveries: {report.deliveries:,} at {report.deliveries_per_s:,.0f}/s "

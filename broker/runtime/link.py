@@ -127,7 +127,11 @@ class Link:
             try:
                 self._queue.put_nowait(_CLOSE)
             except asyncio.QueueFull:
-                await asyncio.wait_for(self._queue.put(_CLOSE), timeout)
+                try:
+                    await asyncio.wait_for(self._queue.put(_CLOSE), timeout)
+                except TimeoutError:  # the peer takes nothing: what is queued is given up
+                    _log.warning("link to %s: the peer took nothing for %g s", self.peer, timeout)
+                    timeout = 0.0
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)

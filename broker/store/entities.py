@@ -44,6 +44,7 @@ import msgpack
 from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.store.engine import Engine, GroupCommitter, StorageError
+from broker.store.index import DocumentKey, EntityIndex
 from broker.store.semantics import Applied, Document, Mode, apply
 from broker.store.wire import Intent, applied_of, result_row
 
@@ -123,6 +124,24 @@ def document_key(tenant: str, service_path: str, entity_id: str, entity_type: st
     return _id_prefix(tenant, entity_id, service_path) + _encoded(entity_type)
 
 
+def _key_of(parts: DocumentKey) -> bytes:
+    """The storage key of a document, from its parts (the index keeps parts, not keys)."""
+    return _partition_prefix(parts.partition) + _encoded(
+        parts.tenant, parts.entity_id, parts.service_path, parts.entity_type
+    )
+
+
+def _split_key(key: bytes) -> DocumentKey | None:
+    """The parts of a document key (None: another kind of key)."""
+    if key[:1] != _DOCUMENTS:
+        return None
+    parts = key[3:].split(_SEP)
+    if len(parts) != 4:
+        return None
+    tenant, entity_id, path, entity_type = (p.decode("utf-8") for p in parts)
+    return DocumentKey(int.from_bytes(key[1:3], "big"), tenant, entity_id, path, entity_type)
+
+
 def _expiry_key(expires: float, key: bytes) -> bytes:
     return _EXPIRY + max(0, int(expires * 1000)).to_bytes(8, "big") + key
 
@@ -138,6 +157,19 @@ class _Staged:
     ids: list[bytes] = field(default_factory=list)  # write ids applied here
     rows: list[list[Any]] = field(default_factory=list)  # the answer of each result
     waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Stage ``key``'s new value. A commit writes its puts, then its deletes, so a key
+        is never in both: the last staged of a key's writes is the one committed (a batch
+        may delete an entity and create it again)."""
+        if key in self.deletes:
+            self.deletes.remove(key)
+        self.puts.append((key, value))
+
+    def delete(self, key: bytes) -> None:
+        """Stage ``key``'s deletion (see :meth:`put`)."""
+        self.puts[:] = [(k, v) for k, v in self.puts if k != key]
+        self.deletes.append(key)
 
 
 class Entities:
@@ -155,6 +187,8 @@ class Entities:
         # write ids applied but not yet durable: their outcome, set once durable
         self._staged: dict[bytes, tuple[Applied, list[Any], asyncio.Event]] = {}
         self._failed: BaseException | None = None
+        # what list queries read (broker.store.indexed), kept by every commit below
+        self.index = EntityIndex(_key_of, _split_key)
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -201,6 +235,12 @@ class Entities:
         except (StorageError, OSError) as exc:
             self._failed = exc
             raise StoreFailed(f"the context store's storage failed: {exc}") from exc
+        self.index.committed(staged.puts, staged.deletes, self._held_document)
+
+    def _held_document(self, key: bytes, value: bytes) -> Document | None:
+        """The decoded document a pending write holds for ``value`` (not a later one's)."""
+        held = self._pending.get(key)
+        return held[2] if held is not None and held[1] is value else None
 
     async def store(self, puts: Sequence[tuple[bytes, bytes]], deletes: Sequence[bytes]) -> None:
         """Make what a primary shipped durable here (a backup's writes: states, not requests,
@@ -215,6 +255,7 @@ class Entities:
         staged = self._stage(intents, now)
         try:
             self._engine.commit(staged.puts, staged.deletes)
+            self.index.committed(staged.puts, staged.deletes, self._held_document)
         finally:
             self._settle(staged)
         return staged.results
@@ -257,16 +298,16 @@ class Entities:
             if applied.modified and key is not None:
                 staged.tickets.append((key, self._hold(key, value, document)))
                 if value is None:
-                    staged.deletes.append(key)
+                    staged.delete(key)
                 else:
-                    staged.puts.append((key, value))
+                    staged.put(key, value)
                 was = applied.before.date_expires if applied.before is not None else None
                 will = document.date_expires if document is not None else None
                 if was != will:  # the expiry index follows (committed with the document)
                     if was is not None:
-                        staged.deletes.append(_expiry_key(was, key))
+                        staged.delete(_expiry_key(was, key))
                     if will is not None:
-                        staged.puts.append((_expiry_key(will, key), b""))
+                        staged.put(_expiry_key(will, key), b"")
         return staged
 
     def _known(self, write_id: bytes, staging: _Staged) -> tuple[Applied, list[Any]] | None:
@@ -412,6 +453,19 @@ class Entities:
         for partition in range(PARTITIONS) if partitions is None else sorted(set(partitions)):
             for _key, value in self._engine.scan(_partition_prefix(partition) + tenant_part):
                 yield Document.from_bytes(value)
+
+    def tenant_items(self, tenant: str) -> Iterator[tuple[bytes, bytes]]:
+        """The committed keys and values of a tenant's documents, in every partition (what
+        the index of the tenant is built from)."""
+        self._check_serving()
+        tenant_part = _encoded(tenant) + _SEP
+        for partition in range(PARTITIONS):
+            yield from self._engine.scan(_partition_prefix(partition) + tenant_part)
+
+    def fetch(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The committed values of ``keys``, in order (one multi-get)."""
+        self._check_serving()
+        return self._engine.get_many(keys)
 
     def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
         """The committed keys and values of these partitions' documents and expiry index

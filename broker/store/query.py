@@ -60,6 +60,7 @@ from broker.store.semantics import Document
 __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
+    "MISSING",
     "WIRE_VERSION",
     "EntityQuery",
     "Format",
@@ -67,6 +68,7 @@ __all__ = [
     "Page",
     "Part",
     "Selector",
+    "match_value",
     "matches",
     "merge",
     "one",
@@ -77,6 +79,8 @@ __all__ = [
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
 WIRE_VERSION = 1
+
+MISSING: Any = object()  # match_value of an attribute the document does not have
 
 _NO_ENTITY = "The requested entity has not been found. Check type and id"
 _AMBIGUOUS = "More than one matching entity. Please refine your query"
@@ -273,6 +277,20 @@ def matches(document: Document, query: EntityQuery, now: float) -> bool:
     if not query.selects(document.id, document.type):
         return False
     return query.filter.empty or filter_matches(query.filter, _Viewed(document))
+
+
+def match_value(document: Document, name: str) -> Any:
+    """What a ``q`` statement on attribute ``name`` compares in ``document`` (a DateTime as
+    its epoch seconds, the builtin dates when the document has no attribute of their name),
+    or MISSING: the evaluator's view of it (broker.store.index keeps it in columns)."""
+    attribute = document.attributes.get(name)
+    if attribute is not None:
+        return _comparable(attribute["type"], attribute["value"])
+    if name == "dateCreated":
+        return document.date_created
+    if name == "dateModified":
+        return document.date_modified
+    return MISSING
 
 
 def sort_key(document: Document, query: EntityQuery) -> tuple[Any, ...]:

@@ -2,8 +2,9 @@
 
 A front's :class:`StoreReader` sends an entity query (broker.store.query) to every store
 (:meth:`~broker.store.client.EntityStore.parts`) as ``["entities", query]``; each store
-runs :func:`answer_query` over the documents of the partitions it holds (only the
-partitions of the query's ids, when it names ids: one prefix scan each) and answers its
+runs :func:`answer_query` over the documents of the partitions it holds (through its index,
+broker.store.indexed; only the partitions of the query's ids, when it names ids: one prefix
+scan each) and answers its
 first ``offset + limit`` documents and its count; the front merges the parts in the query's
 order and cuts the page (:func:`broker.store.query.merge`). Types queries go the same way.
 """
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from broker.errors import InvalidInput
 from broker.store.entities import Entities, partition_of
 from broker.store.entity_types import TypesPage, TypesPart, TypesQuery, merge_types, types_part
+from broker.store.indexed import indexed_part
 from broker.store.query import EntityQuery, Page, Part, merge, select
 from broker.store.semantics import Document
 from broker.store.wire import pack, unpack
@@ -65,7 +67,16 @@ def answer_query(
     if kind != ENTITIES:
         raise InvalidInput(f"a context store query of kind {kind!r}")
     query = EntityQuery.from_wire(data)
-    part = select(_documents(entities, query, held), query, now)
+    part = indexed_part(
+        entities.index,
+        lambda: entities.tenant_items(query.tenant),
+        entities.fetch,
+        query,
+        held,
+        now,
+    )
+    if part is None:  # a query of exact ids: their prefix scans
+        part = select(_documents(entities, query, held), query, now)
     return pack(part.to_wire())
 
 

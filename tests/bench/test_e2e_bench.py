@@ -7,9 +7,12 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from broker.bench.e2e import expected_pairs, stored_pool
 from broker.cli import main
+from broker.model.update import ContextUpdate
 
 pytestmark = pytest.mark.slow
 
@@ -42,3 +45,25 @@ def test_replicas_1_and_2_compared_in_one_run_deliver_exactly() -> None:
 def test_bad_replicas_exit_2(replicas: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "e2e", "--replicas", replicas]) == 2
     assert "--replicas must be a positive integer" in capsys.readouterr().err
+
+
+def test_the_store_oracle_merges_each_entity_and_repeats_its_second_pass() -> None:
+    pool = [
+        ContextUpdate.of("A", {"t": 1}),
+        ContextUpdate.of("B", {"t": 2}),
+        ContextUpdate.of("A", {"h": 3}),
+    ]
+    stored = stored_pool(pool)
+    assert [dict((n, a.value) for n, a in u.attributes.items()) for u in stored] == [
+        {"t": 1}, {"t": 2}, {"t": 1, "h": 3},  # the first pass: A has no h yet
+        {"t": 1, "h": 3}, {"t": 2}, {"t": 1, "h": 3},  # the second pass, repeated for ever
+    ]  # fmt: skip
+    per_update = [np.array([i], dtype=np.int64) for i in range(len(stored))]
+    pairs = expected_pairs(per_update, published=10, period=len(pool))
+    # sequence s carries stored update s - 1 for two passes, then the second pass again
+    assert [int(p) % (1 << 24) for p in pairs] == [0, 1, 2, 3, 4, 5, 3, 4, 5, 3]
+
+
+def test_store_with_a_running_cluster_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "e2e", "--store", "--state-dir", "/nonexistent"]) == 2
+    assert "--store needs a cluster of its own" in capsys.readouterr().err

@@ -179,7 +179,7 @@ def test_sigterm_stops_every_role_cleanly_and_its_membership_goes(
             for process in extra.values():
                 process.send_signal(signal.SIGTERM)
             for role, process in extra.items():
-                assert process.wait(timeout=15) == 0, (role, logs[role].read_text())
+                assert process.wait(timeout=30) == 0, (role, logs[role].read_text())
         registered = _registered(cluster)
         assert not pids.keys() & registered.keys(), "a stopped process is still a member"
         assert sorted(registered.values()) == sorted(ROLES)  # the cluster's own are still there

@@ -61,6 +61,20 @@ def test_writes_apply_in_order_within_one_call() -> None:
     assert stored.attributes["temperature"]["value"] == 2
 
 
+def test_an_entity_deleted_and_created_again_in_one_call_is_stored_as_created() -> None:
+    engine = MemoryEngine()
+    entities = Entities(engine)
+    asyncio.run(entities.apply([_write(Mode.CREATE, temperature=1)]))
+    asyncio.run(entities.apply([_write(Mode.DELETE_ENTITY), _write(Mode.CREATE, temperature=5)]))
+    # read from the engine again: what the commit wrote, not what the writer holds
+    (stored,) = Entities(engine).documents("", ["E1"])
+    assert stored.attributes["temperature"]["value"] == 5
+    asyncio.run(
+        entities.apply([_write(Mode.CREATE, "E2", pressure=1), _write(Mode.DELETE_ENTITY, "E2")])
+    )
+    assert list(Entities(engine).documents("", ["E2"])) == []
+
+
 def test_a_write_without_type_finds_the_one_entity_of_its_id() -> None:
     entities = Entities(MemoryEngine())
     asyncio.run(entities.apply([_write(Mode.CREATE, entity_type="Room", t=1)]))
