@@ -20,6 +20,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench chaos               broker.bench.chaos
     silbo bench storage             broker.bench.storage
     silbo bench context             broker.bench.context
+    silbo bench store-scale         broker.bench.store_scale
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from broker import __version__, demo, demo_cluster
-from broker.bench import chaos, context, e2e, match, ngsi, scale, spark, storage
+from broker.bench import chaos, context, e2e, match, ngsi, scale, spark, storage, store_scale
 from broker.commands import admin, down, publish, read, replay, run, subscribe, up
 from broker.errors import MissingExtra
 
@@ -70,6 +71,11 @@ _BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
         "context",
         "the context store layer's processes: writes, GETs, q queries, memory",
         context.configure,
+    ),
+    (
+        "store-scale",
+        "the context store layer scaled under writes and reads, checked by an oracle",
+        store_scale.configure,
     ),
 )
 

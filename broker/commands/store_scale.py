@@ -23,6 +23,7 @@ from kazoo.client import KazooClient
 
 from broker.cluster.local import ClusterError, add_processes, retire_processes
 from broker.coordination.client import connect
+from broker.coordination.scale import ScaleInProgress
 from broker.errors import SilboError
 from broker.runtime.options import Role
 from broker.store.layout import SCALE, read_store_layout
@@ -33,7 +34,7 @@ from broker.store.scaling import (
     scale_stores,
 )
 
-__all__ = ["run_store_scale"]
+__all__ = ["resize_store_layer", "run_store_scale"]
 
 _PREFIX = "silbo admin scale: error:"
 REGISTER_TIMEOUT = 30.0  # seconds for started stores to announce their store ids
@@ -51,33 +52,47 @@ def run_store_scale(
         print(f"{_PREFIX} {exc}", file=sys.stderr)
         return 2
     local = None if args.zk else Path(args.state_dir or ".silbo")
-    started: list[str] = []  # member names of the stores this command started
     try:
-        layout = check_store_count(read_store_layout(client), args.count)
+        outcome, before = resize_store_layer(client, local, args.count, args.timeout)
+    except SilboError as exc:
+        print(f"{_PREFIX} {exc}", file=sys.stderr)
+        return 2
+    finally:
+        client.stop()
+        client.close()
+    _print_outcome(outcome, args, before)
+    return 0 if outcome.outcome == "completed" else 1
+
+
+def resize_store_layer(
+    client: KazooClient, local: Path | None, count: int, timeout: float
+) -> tuple[StoreScaleOutcome, int]:
+    """Scale the store layer to ``count`` stores, the processes of a ``silbo up`` cluster
+    (``local``: its state directory; None: an external one) started and stopped as the
+    module doc says; the outcome and the store count before. A SilboError if refused
+    (nothing changed, the stores it started stopped again). ``silbo bench store-scale``
+    scales through this too."""
+    started: list[str] = []  # member names of the stores this call started
+    try:
+        layout = check_store_count(read_store_layout(client), count)
         if client.exists(SCALE):
-            print(f"{_PREFIX} a scale of the context store layer is running", file=sys.stderr)
-            return 2
+            raise ScaleInProgress("a scale of the context store layer is running")
         old = list(layout.previous or layout.stores)
-        new, leaving = old[: args.count], old[args.count :]
-        if args.count > len(old):
-            new += _added(client, local, old, args.count - len(old), started)
-        outcome = scale_stores(client, new, timeout=args.timeout)
+        new, leaving = old[:count], old[count:]
+        if count > len(old):
+            new += _added(client, local, old, count - len(old), started)
+        outcome = scale_stores(client, new, timeout=timeout)
         if local is not None:
             members = {s: r.member for s, r in registrations(client).items()}
             if outcome.outcome == "completed":
                 retire_processes(local, [members[s] for s in leaving if s in members])
             elif started:
                 retire_processes(local, started)
-    except SilboError as exc:
+    except SilboError:
         if local is not None and started:
             retire_processes(local, started)
-        print(f"{_PREFIX} {exc}", file=sys.stderr)
-        return 2
-    finally:
-        client.stop()
-        client.close()
-    _print_outcome(outcome, args, len(old))
-    return 0 if outcome.outcome == "completed" else 1
+        raise
+    return outcome, len(old)
 
 
 def _added(

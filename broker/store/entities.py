@@ -15,9 +15,11 @@ ranges, docs/context-store.md).
 
 Writes sent again: a front gives each write an id (:func:`new_write_id`) and sends it again,
 with the same id, when it cannot know whether the store applied it (the call failed after
-it left). The store keeps each write's outcome under ``w`` and its id, in the write's own
-commit, for :data:`WRITE_IDS_KEPT` seconds: a write id it knows is answered with the first
-outcome, never applied twice (``$inc`` is not idempotent).
+it left). The store keeps each write's outcome under ``w``, its entity's partition and its
+id, in the write's own commit, for :data:`WRITE_IDS_KEPT` seconds: a write id it knows is
+answered with the first outcome, never applied twice (``$inc`` is not idempotent). The
+outcomes are keys of their partition, so they move with it (recovery, a scale) and a new
+primary knows them too.
 
 Order and concurrency: writes are applied one at a time on the event loop, in the order
 they arrive; their commits are grouped (one fsync for many writes). A write reads the
@@ -65,7 +67,7 @@ WRITE_IDS_KEPT: Final = 120.0  # seconds a write's outcome is kept for a sender'
 PARTITIONS: Final = 256  # fixed: a store layout divides these among the store processes
 _DOCUMENTS: Final = b"d"
 _EXPIRY: Final = b"x"
-_WRITES: Final = b"w"  # w, write id (8 bytes of ms, 8 random): the outcome (module doc)
+_WRITES: Final = b"w"  # w, partition, write id (8 bytes of ms, 8 random): the outcome
 _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
@@ -84,8 +86,9 @@ def new_write_id(now: float | None = None) -> bytes:
 
 
 def key_partition(key: bytes) -> int | None:
-    """The partition of a document or expiry-index key (None: a key of every partition)."""
-    if key[:1] == _DOCUMENTS:
+    """The partition of a document, write-outcome or expiry-index key (None: a key of
+    every partition)."""
+    if key[:1] == _DOCUMENTS or key[:1] == _WRITES:
         return int.from_bytes(key[1:3], "big")
     if key[:1] == _EXPIRY:
         return int.from_bytes(key[10:12], "big")
@@ -140,6 +143,12 @@ def _split_key(key: bytes) -> DocumentKey | None:
         return None
     tenant, entity_id, path, entity_type = (p.decode("utf-8") for p in parts)
     return DocumentKey(int.from_bytes(key[1:3], "big"), tenant, entity_id, path, entity_type)
+
+
+def _outcome_key(intent: Intent) -> bytes:
+    """Where a write's outcome is kept: under its entity's partition (module doc)."""
+    partition = partition_of(intent.tenant, intent.entity_id)
+    return _WRITES + partition.to_bytes(2, "big") + intent.write_id
 
 
 def _expiry_key(expires: float, key: bytes) -> bytes:
@@ -275,7 +284,7 @@ class Entities:
         staged = _Staged()
         for intent in intents:
             if intent.write_id:
-                known = self._known(intent.write_id, staged)
+                known = self._known(intent, staged)
                 if known is not None:  # sent again: the first outcome, not a second one
                     staged.results.append(known[0])
                     staged.rows.append(known[1])
@@ -294,7 +303,7 @@ class Entities:
             if intent.write_id:
                 self._staged[intent.write_id] = (applied, row, asyncio.Event())
                 staged.ids.append(intent.write_id)
-                staged.puts.append((_WRITES + intent.write_id, msgpack.packb(row)))
+                staged.puts.append((_outcome_key(intent), msgpack.packb(row)))
             if applied.modified and key is not None:
                 staged.tickets.append((key, self._hold(key, value, document)))
                 if value is None:
@@ -310,14 +319,14 @@ class Entities:
                         staged.put(_expiry_key(will, key), b"")
         return staged
 
-    def _known(self, write_id: bytes, staging: _Staged) -> tuple[Applied, list[Any]] | None:
-        """The outcome of a write applied before under ``write_id`` (staged or durable), and
-        its answer row."""
-        staged = self._staged.get(write_id)
+    def _known(self, intent: Intent, staging: _Staged) -> tuple[Applied, list[Any]] | None:
+        """The outcome of a write applied before under the intent's write id (staged or
+        durable), and its answer row."""
+        staged = self._staged.get(intent.write_id)
         if staged is not None:
             staging.waits.append(staged[2])
             return staged[0], staged[1]
-        data = self._engine.get(_WRITES + write_id)
+        data = self._engine.get(_outcome_key(intent))
         if data is None:
             return None
         row = msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -328,10 +337,11 @@ class Entities:
         seconds: a write id begins with its sending time in ms); how many went."""
         cutoff = max(0, int(before * 1000)).to_bytes(8, "big")
         old: list[bytes] = []
-        for key, _value in self._engine.scan(_WRITES):
-            if key[1:9] >= cutoff or len(old) >= most:
-                break
-            old.append(key)
+        for partition in range(PARTITIONS):  # each partition's outcomes are in time order
+            for key, _value in self._engine.scan(_WRITES + partition.to_bytes(2, "big")):
+                if key[3:11] >= cutoff or len(old) >= most:
+                    break
+                old.append(key)
         if old:
             self._engine.commit([], old)
         return len(old)
@@ -468,11 +478,12 @@ class Entities:
         return self._engine.get_many(keys)
 
     def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
-        """The committed keys and values of these partitions' documents and expiry index
-        (what a recovering backup copies)."""
+        """The committed keys and values of these partitions' documents, write outcomes and
+        expiry index (what a recovering backup copies)."""
         wanted = set(partitions)
         for partition in sorted(wanted):
             yield from self._engine.scan(_partition_prefix(partition))
+            yield from self._engine.scan(_WRITES + partition.to_bytes(2, "big"))
         for key, value in self._engine.scan(_EXPIRY):
             if key_partition(key) in wanted:
                 yield key, value

@@ -4,6 +4,8 @@
   while a writer upserts and ``$inc``s with an oracle of every acknowledged write and a
   reader reads one entity: after each scale every entity reads back as acknowledged (the
   counters exact), the reader never failed, and after a restart of the cluster too.
+- 2 -> 3 -> 2 stores with two replicas of each partition (`silbo up`'s default), under the
+  same writer and reader, then a store killed: nothing acknowledged lost.
 - A new store that hangs during its copy: the scale is rolled back, nothing acknowledged
   is lost, the cluster serves on with its old stores.
 - Bad arguments are refused with a message, and leave the cluster serving.
@@ -30,7 +32,7 @@ from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.runtime.options import Role
 from broker.store.layout import SCALE, read_store_layout
 from broker.store.scaling import registrations
-from integration.test_context_store import _entities, _fronts, _spec
+from integration.test_context_store import _entities, _fronts, _kill_store, _spec
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +121,25 @@ def one_store(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[Lo
         yield cluster, front
 
 
+@pytest.fixture
+def two_stores(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[LocalCluster, Any]]:
+    """A cluster of two stores holding every partition twice (replicas 2, `silbo up`'s
+    default) and one HTTP front, with E0 written."""
+    spec = _spec(
+        zookeeper,
+        tmp_path / "state",
+        f"ss2-{uuid.uuid4().hex[:8]}",
+        connection_points=1,
+        context_stores=2,
+        replicas=2,
+    )
+    with LocalCluster(spec) as cluster:
+        (front,) = _fronts(cluster.description, cluster)
+        body = {"id": "E0", "type": "T", "v": {"type": "Number", "value": 0}}
+        assert front.call("POST", "/v2/entities", body).status == 201
+        yield cluster, front
+
+
 def _scale(cluster: LocalCluster, count: int, *extra: str) -> int:
     state = str(cluster.state_dir)
     return main(["admin", "scale", "context-stores", str(count), "--state-dir", state, *extra])
@@ -166,6 +187,36 @@ def test_scale_out_and_in_under_writes_and_reads_loses_nothing(
     with LocalCluster(cluster.spec) as again:
         (front,) = _fronts(again.description, again)
         writer.check(front)
+
+
+def test_with_two_replicas_scale_out_and_in_then_a_kill_loses_nothing(
+    two_stores: tuple[LocalCluster, Front], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, front = two_stores
+    writer, reader = _Writer(f"{front.host}:{front.port}"), _Reader(f"{front.host}:{front.port}")
+    writer.values["E0"] = 0
+    writer.start()
+    reader.start()
+    time.sleep(0.5)
+    try:
+        assert _scale(cluster, 3) == 0, capsys.readouterr()
+        assert capsys.readouterr().out.startswith("completed: context-stores 2 -> 3")
+        assert _stores(cluster) == ["store-1", "store-2", "store-3"]
+        time.sleep(0.3)
+        assert _scale(cluster, 2) == 0, capsys.readouterr()
+        assert capsys.readouterr().out.startswith("completed: context-stores 3 -> 2")
+        assert _stores(cluster) == ["store-1", "store-2"]
+        time.sleep(0.3)
+        failed_before_kill = list(reader.failed)
+        # every partition is on both stores again: one killed, the other serves them all
+        _kill_store(cluster, 1)
+        time.sleep(1.5)
+    finally:
+        writer.stop()
+        reader.stop()
+    assert reader.reads > 20 and failed_before_kill == []
+    assert len(writer.values) == ENTITIES
+    writer.check(front)  # nothing acknowledged lost, the $inc counters exact
 
 
 def test_a_new_store_that_hangs_during_its_copy_rolls_the_scale_back(

@@ -233,3 +233,22 @@ def test_write_outcomes_are_forgotten_after_a_while() -> None:
     assert isinstance(again.error, AlreadyExists)  # forgotten: applied anew (and refused)
     (known,) = entities.apply_now([new])
     assert known.change is not None  # still known: the first outcome
+
+
+def test_write_outcomes_move_with_their_partition() -> None:
+    primary = Entities(MemoryEngine())
+    primary.apply_now([_write(Mode.CREATE, n=0)])
+    inc = Intent(
+        Mode.UPDATE, "E1", "T", "/", "", {"n": _attr({"$inc": 5})}, write_id=new_write_id()
+    )
+    primary.apply_now([inc])
+    partition = partition_of("", "E1")
+    copy = Entities(MemoryEngine())  # a store that took the partition over (recovery, scale)
+    asyncio.run(copy.store(list(primary.partition_items([partition])), []))
+    (again,) = copy.apply_now([inc])  # its sender sends it again to the new primary
+    assert again.document is not None and again.document.attributes["n"]["value"] == 5
+    (stored,) = copy.documents("", ["E1"])
+    assert stored.attributes["n"]["value"] == 5  # applied once, not twice
+    other = Entities(MemoryEngine())  # what other partitions hold has none of it
+    asyncio.run(other.store(list(primary.partition_items([(partition + 1) % PARTITIONS])), []))
+    assert list(other.partition_items(range(PARTITIONS))) == []
