@@ -96,7 +96,7 @@ from broker.runtime.options import Role
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
 
-__all__ = ["ScaleRecord", "configure", "run", "scale_local"]
+__all__ = ["ScaleRecord", "configure", "run", "scale_local", "source_commit"]
 
 PUBLISHER = "bench-scale"
 HEARTBEAT_TENANT = "bench_heartbeat"  # no workload subscription or update uses it
@@ -607,7 +607,7 @@ def _summarize(args: argparse.Namespace, steps: list[int], measured: _Measured) 
     return {
         "benchmark": "scale",
         "command": getattr(args, "command_line", ""),
-        "commit": _commit(),
+        "commit": source_commit(),
         "machine": machine_info(),
         "workload": {
             "name": "W-IoT",
@@ -663,7 +663,8 @@ def _absent(values: npt.NDArray[np.int64], among: npt.NDArray[np.int64]) -> int:
     return int(np.count_nonzero(among[at] != values))
 
 
-def _commit() -> str | None:
+def source_commit() -> str | None:
+    """The short commit of the running code (None outside a git checkout): a figure names it."""
     try:
         done = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -46,8 +46,6 @@ import json
 import multiprocessing
 import queue
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,6 +60,7 @@ import numpy.typing as npt
 
 from broker.bench.context_load import load_entities
 from broker.bench.match import machine_info, positive
+from broker.bench.scale import source_commit
 from broker.bench.storage import counts_argument, seconds_argument
 from broker.bench.store_scale_load import (
     OK,
@@ -76,10 +75,11 @@ from broker.bench.store_scale_report import plot, scale_figures, series_figures,
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.commands.store_scale import resize_store_layer
 from broker.coordination.client import connect
+from broker.coordination.embedded import free_port
 from broker.errors import SilboError
 from broker.extras import require
+from broker.roles.store_scaling import registrations
 from broker.store.layout import read_store_layout
-from broker.store.scaling import registrations
 
 __all__ = ["Series", "check", "configure", "run", "steps_argument", "summarize"]
 
@@ -198,7 +198,7 @@ def _cluster(args: argparse.Namespace, size: int) -> Iterator[LocalCluster]:
         context_stores=args.steps[0],
         replicas=args.replicas,
         grpc_port=0,
-        http_port=_free_port(),
+        http_port=free_port(),
         state_dir=state,
         log_level="INFO",  # the stores' copy lines, the coordinator's steps
     )
@@ -422,7 +422,7 @@ def summarize(args: argparse.Namespace, runs: Sequence[Series]) -> dict[str, Any
     return {
         "benchmark": "store-scale",
         "command": getattr(args, "command_line", ""),
-        "commit": _commit(),
+        "commit": source_commit(),
         "machine": machine_info(),
         "parameters": {
             "entities": list(args.entities),
@@ -472,28 +472,6 @@ def _print(summary: dict[str, Any]) -> None:
             f"{one['missing']}; GET errors {one['reads']['errors']}"
         )
     print("result: " + ("ok" if summary["ok"] else "FAILED"))
-
-
-def _commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _say(args: argparse.Namespace, message: str) -> None:

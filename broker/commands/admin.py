@@ -10,7 +10,7 @@ it waits for N matchers to register and writes the first configuration. ``status
 the processes per layer, the epoch, the subscriptions each matcher holds and rates measured
 over ``--interval`` seconds (each process is asked over its Admin service), and the context
 stores: each one's state, partitions held and still missing. ``scale`` changes a layer's
-size while traffic flows (``context-stores``: broker.store.scaling).
+size while traffic flows (``context-stores``: broker.roles.store_scaling).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from broker.coordination.membership import Member, members
 from broker.coordination.repair import repair_once
 from broker.coordination.scale import read_state
 from broker.errors import InvalidInput, SilboError
+from broker.roles.store_scaling import store_status
 from broker.runtime.options import DEFAULT_CLUSTER, Role
 from broker.runtime.token import call_metadata
-from broker.store.scaling import store_status
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 

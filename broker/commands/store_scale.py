@@ -7,7 +7,7 @@ the stores a scale-in removes (the last ones of the layout) are stopped once it 
 For an external cluster (``--zk``), start the new stores first (``silbo run context-store
 --store-id ID``): registered stores outside the layout are taken in id order; stop the
 removed ones afterwards (they hold nothing once the scale completes). The coordinator is
-broker.store.scaling.
+broker.roles.store_scaling.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from broker.cluster.local import ClusterError, add_processes, retire_processes
 from broker.coordination.client import connect
 from broker.coordination.scale import ScaleInProgress
 from broker.errors import SilboError
-from broker.runtime.options import Role
-from broker.store.layout import SCALE, read_store_layout
-from broker.store.scaling import (
+from broker.roles.store_scaling import (
     StoreScaleOutcome,
     check_store_count,
     registrations,
     scale_stores,
 )
+from broker.runtime.options import Role
+from broker.store.layout import SCALE, read_store_layout
 
 __all__ = ["resize_store_layer", "run_store_scale"]
 

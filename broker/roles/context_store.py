@@ -26,7 +26,7 @@ of sync is *recovering*: it copies its partitions from their primaries (``Snapsh
 new writes come to it meanwhile, and win over the copy: broker.roles.store_copy), joins the
 in-sync set, takes back the partitions it ranks first for (``Yield``: the old primary stops
 writing them and lets its writes in flight finish) and serves. A scale of the store layer
-(broker.store.scaling) is followed the same way: the partitions that arrive to a serving
+(broker.roles.store_scaling) is followed the same way: the partitions that arrive to a serving
 store in a transition layout are copied, taken back where it ranks first, and cleared from
 its registration's missing ones; those it no longer holds once a layout settles are
 dropped.

@@ -29,7 +29,7 @@ its registration: the holder's process stops) before it answers, so a store in t
 every acknowledged write of its partitions, and a store out of it copies them from the
 primary before it serves again (*recovering*). It is Kafka's in-sync replica rule.
 
-A scale of the store layer (broker.store.scaling) writes a *transition* layout: the new
+A scale of the store layer (broker.roles.store_scaling) writes a *transition* layout: the new
 store list, the old one kept as ``previous``. A partition's holders are then its new holders,
 in rank order, followed by its old holders that are not new ones; a new holder that was not
 an old one (it *arrives*) misses the partition until its registration says otherwise for

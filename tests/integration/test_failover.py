@@ -197,7 +197,7 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
         recorder.subscribe(_subscriptions())
         before = up.configuration()
         publisher.start()
-        time.sleep(2.0)
+        time.sleep(1.0)
         victim = next(p for p in up.description()["processes"] if p["role"] == role)
         os.kill(victim["pid"], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         killed = time.monotonic()
@@ -226,7 +226,7 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
             return len(layer) == 2 and victim["name"] not in layer
 
         wait_until(whole, 60, f"the {role}s back to 2")
-        time.sleep(2.0)  # traffic after the layer is whole again
+        time.sleep(1.0)  # traffic after the layer is whole again
         published = publisher.finish()
         recorder.wait_for_markers([publisher.name], timeout=60)
 

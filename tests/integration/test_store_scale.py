@@ -29,9 +29,9 @@ from broker.cli import main
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.roles.store_scaling import registrations
 from broker.runtime.options import Role
 from broker.store.layout import SCALE, read_store_layout
-from broker.store.scaling import registrations
 from integration.test_context_store import _entities, _fronts, _kill_store, _spec
 
 pytestmark = pytest.mark.slow
@@ -103,16 +103,18 @@ class _Reader(threading.Thread):
         self.join(30)
 
 
-@pytest.fixture
-def one_store(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[LocalCluster, Any]]:
-    """A cluster of one store (one replica) and one HTTP front, with E0 written."""
+def _cluster(
+    zookeeper: EmbeddedZooKeeper, tmp_path: Path, stores: int
+) -> Iterator[tuple[LocalCluster, Any]]:
+    """A cluster of ``stores`` stores, each partition on all of them, and one HTTP front,
+    with E0 written."""
     spec = _spec(
         zookeeper,
         tmp_path / "state",
         f"ss-{uuid.uuid4().hex[:8]}",
         connection_points=1,
-        context_stores=1,
-        replicas=1,
+        context_stores=stores,
+        replicas=stores,
     )
     with LocalCluster(spec) as cluster:
         (front,) = _fronts(cluster.description, cluster)
@@ -122,22 +124,15 @@ def one_store(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[Lo
 
 
 @pytest.fixture
+def one_store(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[LocalCluster, Any]]:
+    """One store (one replica)."""
+    yield from _cluster(zookeeper, tmp_path, 1)
+
+
+@pytest.fixture
 def two_stores(zookeeper: EmbeddedZooKeeper, tmp_path: Path) -> Iterator[tuple[LocalCluster, Any]]:
-    """A cluster of two stores holding every partition twice (replicas 2, `silbo up`'s
-    default) and one HTTP front, with E0 written."""
-    spec = _spec(
-        zookeeper,
-        tmp_path / "state",
-        f"ss2-{uuid.uuid4().hex[:8]}",
-        connection_points=1,
-        context_stores=2,
-        replicas=2,
-    )
-    with LocalCluster(spec) as cluster:
-        (front,) = _fronts(cluster.description, cluster)
-        body = {"id": "E0", "type": "T", "v": {"type": "Number", "value": 0}}
-        assert front.call("POST", "/v2/entities", body).status == 201
-        yield cluster, front
+    """Two stores holding every partition twice (replicas 2, `silbo up`'s default)."""
+    yield from _cluster(zookeeper, tmp_path, 2)
 
 
 def _scale(cluster: LocalCluster, count: int, *extra: str) -> int:

@@ -93,7 +93,7 @@ def _bucket(rate: float) -> str:
     return f"{low}-{low + 20}%"
 
 
-@settings(max_examples=examples(800))
+@settings(max_examples=examples(500))
 @given(subscriptions=subscription_sets(1, 60), updates=update_lists(1, 20))
 def test_match_agrees_with_reference(
     subscriptions: list[Subscription], updates: list[ContextUpdate]
@@ -108,7 +108,7 @@ def test_match_agrees_with_reference(
     _observe("match", subscriptions, updates, expected)
 
 
-@settings(max_examples=examples(600))
+@settings(max_examples=examples(400))
 @given(subscriptions=subscription_sets(1, 60), updates=update_lists(1, 20))
 def test_match_batch_agrees_with_reference_after_compact(
     subscriptions: list[Subscription], updates: list[ContextUpdate]

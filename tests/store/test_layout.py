@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import InvalidInput
+from broker.roles.store_scaling import NoStoreLayer, check_store_count
 from broker.store.layout import RECOVERING, Registration, StoreLayout, StoreView
-from broker.store.scaling import NoStoreLayer, check_store_count
 
 OLD = StoreLayout(1, ("store-1", "store-2"), replicas=2)
 
