@@ -73,6 +73,11 @@ def test_publishes_through_the_store_are_stored_merged_and_matched(
         with pytest.raises(NotFound):
             plain.get_entity("Room2", tenant="acme")
         _nothing_more(on_pressure)
+        # the command line: silbo publish --store
+        command = ["publish", "--entity", "Lamp1", "--type", "Lamp", "--connect", endpoint]
+        assert main([*command, "--store", "on=true", "watts:Number=40"]) == 0
+        assert main([*command, "--store", "watts:Number=60"]) == 0
+        assert _stored(plain, "Lamp1", tenant="") == {"on": True, "watts": 60}
 
 
 def test_a_refused_entity_is_named_and_the_rest_of_its_batch_is_stored(
@@ -98,16 +103,3 @@ def test_a_refused_entity_is_named_and_the_rest_of_its_batch_is_stored(
         with pytest.raises(NotFound):
             stored.get_entity("Room3", tenant="acme")
         _nothing_more(rooms)
-
-
-def test_silbo_publish_store_writes_the_entity(
-    start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cluster = start_cluster(matchers=1)
-    endpoint = cluster.endpoints[0]
-    command = ["publish", "--entity", "Lamp1", "--type", "Lamp", "--connect", endpoint]
-    assert main([*command, "--store", "on=true", "watts:Number=40"]) == 0
-    assert main([*command, "--store", "watts:Number=60"]) == 0
-    with Client(endpoint) as reader:
-        assert _stored(reader, "Lamp1", tenant="") == {"on": True, "watts": 60}
-    capsys.readouterr()
