@@ -26,83 +26,162 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 
-from broker import __version__, demo, demo_cluster
-from broker.bench import chaos, context, e2e, match, ngsi, scale, spark, storage, store_scale
-from broker.commands import admin, down, publish, read, replay, run, subscribe, up
+from broker import __version__
 from broker.errors import MissingExtra
 
 __all__ = ["build_parser", "main"]
 
 _Configure = Callable[[argparse.ArgumentParser], None]
 
-# (name, one-line help, configure) of each top-level command but ``bench``.
-_COMMANDS: tuple[tuple[str, str, _Configure], ...] = (
-    ("demo", "a whole cluster on W-IoT for ~30 s, every delivery checked", demo_cluster.configure),
-    ("demo-engine", "the matching engine alone, checked against the reference", demo.configure),
+# (name, one-line help, "module:function" that configures it) of each top-level command but
+# ``bench``. The modules are imported only for the command given (all of them for a parser
+# of every command): a broker process (``silbo run``) starts without the benchmarks' imports.
+_COMMANDS: tuple[tuple[str, str, str], ...] = (
+    (
+        "demo",
+        "a whole cluster on W-IoT for ~30 s, every delivery checked",
+        "broker.demo_cluster:configure",
+    ),
+    (
+        "demo-engine",
+        "the matching engine alone, checked against the reference",
+        "broker.demo:configure",
+    ),
     (
         "run",
         "run one broker process (connection point, access point, matcher, exit point)",
-        run.configure,
+        "broker.commands.run:configure",
     ),
-    ("admin", "operate a running cluster (init, status, scale)", admin.configure),
-    ("up", up.HELP, up.configure),
-    ("down", down.HELP, down.configure),
-    ("publish", "publish one context update (NAME[:TYPE]=VALUE attributes)", publish.configure),
-    ("subscribe", "subscribe; print each notification as one JSON line", subscribe.configure),
-    ("get", "print one entity (the context store's; --json for NGSI JSON)", read.configure_get),
-    ("query", "print the entities a query finds (NGSI v2 parameters)", read.configure_query),
-    ("replay", replay.HELP, replay.configure),
+    ("admin", "operate a running cluster (init, status, scale)", "broker.commands.admin:configure"),
+    (
+        "up",
+        "start a whole cluster on this machine (and ZooKeeper, unless --zk is given)",
+        "broker.commands.up:configure",
+    ),
+    (
+        "down",
+        "stop the cluster silbo up started (every process, and its embedded ZooKeeper)",
+        "broker.commands.down:configure",
+    ),
+    (
+        "publish",
+        "publish one context update (NAME[:TYPE]=VALUE attributes)",
+        "broker.commands.publish:configure",
+    ),
+    (
+        "subscribe",
+        "subscribe; print each notification as one JSON line",
+        "broker.commands.subscribe:configure",
+    ),
+    (
+        "get",
+        "print one entity (the context store's; --json for NGSI JSON)",
+        "broker.commands.read:configure_get",
+    ),
+    (
+        "query",
+        "print the entities a query finds (NGSI v2 parameters)",
+        "broker.commands.read:configure_query",
+    ),
+    (
+        "replay",
+        "match a file of updates against subscriptions on Spark (docs/spark.md)",
+        "broker.commands.replay:configure",
+    ),
 )
 
-# (name, one-line help, configure) of each ``silbo bench`` benchmark.
-_BENCHMARKS: tuple[tuple[str, str, _Configure], ...] = (
-    ("match", "index build and matching throughput of one matcher", match.configure),
-    ("e2e", "throughput and latency of a whole cluster, end to end", e2e.configure),
-    ("scale", "matchers scaled out and in under a constant load, as a time line", scale.configure),
-    ("ngsi", "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP", ngsi.configure),
-    ("spark", "the Spark matcher against the in-process engine, same input", spark.configure),
-    ("chaos", "faults injected into a cluster under load, checked by an oracle", chaos.configure),
-    ("storage", "the context store's engines: durable writes, reads, size", storage.configure),
+# (name, one-line help, "module:function") of each ``silbo bench`` benchmark.
+_BENCHMARKS: tuple[tuple[str, str, str], ...] = (
+    ("match", "index build and matching throughput of one matcher", "broker.bench.match:configure"),
+    ("e2e", "throughput and latency of a whole cluster, end to end", "broker.bench.e2e:configure"),
+    (
+        "scale",
+        "matchers scaled out and in under a constant load, as a time line",
+        "broker.bench.scale:configure",
+    ),
+    (
+        "ngsi",
+        "updates/s over NGSI v2 HTTP and notifications/s sent by HTTP",
+        "broker.bench.ngsi:configure",
+    ),
+    (
+        "spark",
+        "the Spark matcher against the in-process engine, same input",
+        "broker.bench.spark:configure",
+    ),
+    (
+        "chaos",
+        "faults injected into a cluster under load, checked by an oracle",
+        "broker.bench.chaos:configure",
+    ),
+    (
+        "storage",
+        "the context store's engines: durable writes, reads, size",
+        "broker.bench.storage:configure",
+    ),
     (
         "context",
         "the context store layer's processes: writes, GETs, q queries, memory",
-        context.configure,
+        "broker.bench.context:configure",
     ),
     (
         "store-scale",
         "the context store layer scaled under writes and reads, checked by an oracle",
-        store_scale.configure,
+        "broker.bench.store_scale:configure",
     ),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``silbo`` argument parser, with every command and its options."""
+def _configure(where: str) -> _Configure:
+    module, function = where.split(":")
+    configure: _Configure = getattr(importlib.import_module(module), function)
+    return configure
+
+
+def _chosen(arguments: Sequence[str] | None) -> tuple[str | None, str | None] | None:
+    """The command (and benchmark) ``arguments`` name: the first words not options (None:
+    every command, for a parser of all)."""
+    if arguments is None:
+        return None
+    words = [a for a in arguments if not a.startswith("-")]
+    command = words[0] if words else None
+    return command, (words[1] if command == "bench" and len(words) > 1 else None)
+
+
+def build_parser(arguments: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``silbo`` argument parser: every command with its options, or (``arguments``
+    given) every command listed and only the one they name with its options."""
+    chosen = _chosen(arguments)
     parser = argparse.ArgumentParser(
         prog="silbo",
         description="Silbo: an elastic content-based publish/subscribe broker (NGSI v2).",
     )
     parser.add_argument("--version", action="version", version=f"silbo {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, help_text, configure in _COMMANDS:
-        configure(commands.add_parser(name, help=help_text, description=help_text))
+    for name, help_text, where in _COMMANDS:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if chosen is None or chosen[0] == name:
+            _configure(where)(sub)
     bench = commands.add_parser(
         "bench", help="benchmarks (see docs/benchmarks.md)", description="Run a benchmark."
     )
     benchmarks = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
-    for name, help_text, configure in _BENCHMARKS:
-        configure(benchmarks.add_parser(name, help=help_text, description=help_text))
+    for name, help_text, where in _BENCHMARKS:
+        sub = benchmarks.add_parser(name, help=help_text, description=help_text)
+        if chosen is None or (chosen[0] == "bench" and chosen[1] == name):
+            _configure(where)(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the command and return its exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(arguments)
+    args = build_parser(arguments).parse_args(arguments)
     args.command_line = shlex.join(["silbo", *arguments])
     args.arguments = arguments
     handler: Callable[[argparse.Namespace], int] = args.handler

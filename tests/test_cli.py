@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import broker
+from broker import cli
 from broker.cli import main
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
@@ -169,3 +170,23 @@ def test_the_cluster_demo_runs_short_and_verifies(tmp_path: Path) -> None:
     }
     assert int(lines["updates published"].replace(",", "")) > 100
     assert lines["lost"] == "0" and lines["duplicated"] == "0"
+
+
+def test_the_listed_help_is_each_commands_own() -> None:
+    """cli.py lists commands without importing them: its one-liners must say what the
+    commands' own parsers say."""
+    from broker.commands import down, replay, up
+
+    listed = {name: text for name, text, _where in cli._COMMANDS}
+    assert listed["up"] == up.HELP and listed["down"] == down.HELP
+    assert listed["replay"] == replay.HELP
+
+
+def test_a_broker_process_does_not_import_the_benchmarks() -> None:
+    code = (
+        "import sys; from broker.cli import build_parser; "
+        "build_parser(['run', 'matcher']); "
+        "print(sorted(m for m in sys.modules if m.startswith(('broker.bench', 'broker.demo'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
