@@ -73,6 +73,7 @@ from broker.bench.context_load import (
     drive_stores,
     holders,
     load_entities,
+    store_addresses,
 )
 from broker.bench.match import machine_info, non_negative, positive
 from broker.bench.storage import (
@@ -83,11 +84,10 @@ from broker.bench.storage import (
 )
 from broker.bench.workloads.iot import IOT_TYPE
 from broker.cluster import ClusterSpec, LocalCluster
-from broker.coordination.client import connect
 from broker.extras import require
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.options import Role
-from broker.store.layout import STORES, StoreLayout, read_store_layout
+from broker.store.layout import StoreLayout
 from broker.store.query import EntityQuery, Selector
 from broker.store.reading import ENTITIES, query_body
 from broker.store.wire import unpack
@@ -225,7 +225,7 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
     cluster = LocalCluster(spec)
     try:
         described = cluster.start()
-        layout, addresses = _store_addresses(cluster)
+        layout, addresses = store_addresses(cluster.zk_address, cluster.spec.cluster)
         internal = {
             p["internal"]: int(p["pid"])
             for p in described["processes"]
@@ -241,28 +241,6 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
         raise
     cluster.stop()
     shutil.rmtree(state, ignore_errors=True)
-
-
-def _store_addresses(cluster: LocalCluster) -> tuple[StoreLayout, dict[str, str]]:
-    client = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
-    try:
-        layout = read_store_layout(client)
-        if layout is None:
-            raise RuntimeError("the cluster has no store layout")
-        addresses: dict[str, str] = {}
-        deadline = time.monotonic() + 30  # a store registers its id after its membership
-        for store in layout.stores:
-            while (found := client.exists(f"{STORES}/{store}")) is None:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"store {store} did not register within 30 s")
-                time.sleep(0.05)
-            data, _stat = client.get(f"{STORES}/{store}")
-            addresses[store] = json.loads(data)["address"]
-            del found
-        return layout, addresses
-    finally:
-        client.stop()
-        client.close()
 
 
 def _wait_serving(base: str, timeout: float = 30.0) -> None:

@@ -24,9 +24,11 @@ import grpc
 
 from broker.bench.storage import iot_attributes, iot_entity_id, iot_service_path
 from broker.bench.workloads.iot import IOT_TYPE
+from broker.coordination.client import connect
+from broker.roles.store_scaling import registrations
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.store.entities import partition_of
-from broker.store.layout import StoreLayout
+from broker.store.layout import StoreLayout, read_store_layout
 from broker.store.semantics import Mode
 from broker.store.wire import Intent, encode_writes, unpack
 from broker.wire import internal_pb2 as wire
@@ -41,6 +43,7 @@ __all__ = [
     "drive_stores",
     "holders",
     "load_entities",
+    "store_addresses",
 ]
 
 # Distinct attribute sets the writers cycle through: a prime, so that an entity's next write
@@ -52,6 +55,27 @@ CALL_TIMEOUT: Final = 600.0  # seconds: a load call or a scan of a million entit
 # probes declared it dead (fenced). 500 writes, 2 in flight per store, keep it answering.
 LOAD_BATCH: Final = 500
 _LOAD_IN_FLIGHT: Final = 2
+
+
+def store_addresses(
+    zk_address: str, cluster: str, timeout: float = 30.0
+) -> tuple[StoreLayout, dict[str, str]]:
+    """A running cluster's store layout and each of its stores' address, once every store
+    of the layout has registered (a store registers its id just after its membership)."""
+    client = connect(zk_address, cluster=cluster, timeout=10.0)
+    try:
+        layout = read_store_layout(client)
+        if layout is None:
+            raise RuntimeError("the cluster has no store layout")
+        deadline = time.monotonic() + timeout
+        while not set(layout.stores) <= (found := registrations(client)).keys():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the context stores did not register within {timeout:g} s")
+            time.sleep(0.05)
+        return layout, {store: found[store].address for store in layout.stores}
+    finally:
+        client.stop()
+        client.close()
 
 
 def holders(layout: StoreLayout, tenant: str, count: int) -> dict[str, list[int]]:

@@ -58,7 +58,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from broker.bench.context_load import load_entities
+from broker.bench.context_load import load_entities, store_addresses
 from broker.bench.match import machine_info, positive
 from broker.bench.scale import source_commit
 from broker.bench.storage import counts_argument, seconds_argument
@@ -78,8 +78,6 @@ from broker.coordination.client import connect
 from broker.coordination.embedded import free_port
 from broker.errors import SilboError
 from broker.extras import require
-from broker.roles.store_scaling import registrations
-from broker.store.layout import read_store_layout
 
 __all__ = ["Series", "check", "configure", "run", "steps_argument", "summarize"]
 
@@ -216,19 +214,7 @@ def _cluster(args: argparse.Namespace, size: int) -> Iterator[LocalCluster]:
 
 
 def _load(args: argparse.Namespace, cluster: LocalCluster, size: int) -> None:
-    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
-    try:
-        layout = read_store_layout(zk)
-        deadline = time.monotonic() + 30  # a store registers its id after its membership
-        while len(found := registrations(zk)) < len(layout.stores if layout else ()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the context stores did not register within 30 s")
-            time.sleep(0.05)
-    finally:
-        zk.stop()
-        zk.close()
-    assert layout is not None  # the cluster was started with a store layer
-    addresses = {store: found[store].address for store in layout.stores}
+    layout, addresses = store_addresses(cluster.zk_address, cluster.spec.cluster)
     _say(args, f"{size:,} entities: loading them")
     took = asyncio.run(
         load_entities(addresses, layout, TENANT, 0, size, args.seed, lambda m: _say(args, m))

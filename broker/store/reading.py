@@ -30,6 +30,7 @@ __all__ = [
     "TYPES",
     "StoreReader",
     "answer_query",
+    "entities_part",
     "query_body",
     "read_query_body",
 ]
@@ -66,7 +67,14 @@ def answer_query(
         return pack(types_part(entities.documents(types.tenant, None, held), types, now).to_wire())
     if kind != ENTITIES:
         raise InvalidInput(f"a context store query of kind {kind!r}")
-    query = EntityQuery.from_wire(data)
+    return pack(entities_part(entities, EntityQuery.from_wire(data), held, now).to_wire())
+
+
+def entities_part(
+    entities: Entities, query: EntityQuery, held: set[int] | None, now: float
+) -> Part:
+    """A store's part of an entity query over ``held`` (None: all): through the index, or
+    for a query of exact ids their prefix scans."""
     part = indexed_part(
         entities.index,
         lambda: entities.tenant_items(query.tenant),
@@ -75,9 +83,9 @@ def answer_query(
         held,
         now,
     )
-    if part is None:  # a query of exact ids: their prefix scans
+    if part is None:
         part = select(_documents(entities, query, held), query, now)
-    return pack(part.to_wire())
+    return part
 
 
 def _documents(entities: Entities, query: EntityQuery, held: set[int] | None) -> Iterator[Document]:

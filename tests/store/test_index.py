@@ -20,6 +20,7 @@ from broker.store.entities import Entities, MemoryEngine, document_key, partitio
 from broker.store.indexed import indexed_part
 from broker.store.parameters import parse_entity_query
 from broker.store.query import EntityQuery, Part, select
+from broker.store.reading import entities_part
 from broker.store.semantics import Document, Mode
 from broker.store.wire import Intent
 
@@ -149,21 +150,9 @@ def _scan(entities: Entities, query: EntityQuery, held: set[int] | None, now: fl
     return select(entities.documents(query.tenant, None, held), query, now)
 
 
-def _indexed(entities: Entities, query: EntityQuery, held: set[int] | None, now: float) -> Part:
-    part = indexed_part(
-        entities.index,
-        lambda: entities.tenant_items(query.tenant),
-        entities.fetch,
-        query,
-        held,
-        now,
-    )
-    return part if part is not None else _scan(entities, query, held, now)
-
-
 def _same(entities: Entities, query: EntityQuery, held: set[int] | None, now: float) -> None:
     scanned = _scan(entities, query, held, now)
-    answered = _indexed(entities, query, held, now)
+    answered = entities_part(entities, query, held, now)
     assert [d.to_bytes() for d in answered.documents] == [d.to_bytes() for d in scanned.documents]
     assert answered.count == scanned.count
 
@@ -233,7 +222,7 @@ def _upsert(entity_id: str, entity_type: str = "T", **attrs: Any) -> Intent:
 
 def _ids(entities: Entities, q: str, now: float = NOW, **params: str) -> tuple[list[str], int]:
     query = parse_entity_query({"q": q, "limit": "100", **params}, "", None)
-    part = _indexed(entities, query, None, now)
+    part = entities_part(entities, query, None, now)
     scanned = _scan(entities, query, None, now)
     assert [d.id for d in part.documents] == [d.id for d in scanned.documents]
     assert part.count == scanned.count
