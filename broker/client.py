@@ -13,10 +13,11 @@ their notifications). Every call that the cluster refuses raises the matching Si
 (InvalidInput for INVALID_ARGUMENT, NotFound, AlreadyExists, Unavailable).
 
 Reconnection: the client knows one or more connection points. When the one it uses goes
-away, it moves to the next: unacknowledged publish batches are sent again (so a batch the
-old connection point had already forwarded may be delivered twice: at-least-once across a
-connection point failure), and live subscriptions are made again under the same ids
-(notifications for updates published while no session existed are not delivered).
+away, it moves to the next: unacknowledged publish batches are sent again, with the same
+sequences and this client's incarnation, so a batch the old connection point had already
+forwarded is still delivered once (connection points drop the copy), and live
+subscriptions are made again under the same ids (notifications for updates published while
+no session existed are not delivered).
 
 Planned moves (a connection point leaving in a scale) have neither gap: the connection
 point answers publishes with ``moved_to`` once every batch it accepted is delivered, and the
@@ -33,6 +34,7 @@ import json
 import logging
 import queue
 import random
+import secrets
 import threading
 import time
 import uuid
@@ -202,6 +204,9 @@ class Client:
         if not self._targets:
             raise InvalidInput("a client needs at least one connection point address")
         self.publisher = publisher or f"client-{uuid.uuid4().hex[:12]}"
+        # this run's incarnation: with it, a batch sent again through another connection
+        # point after a failure is delivered once (PublishRequest.incarnation)
+        self.incarnation = secrets.randbits(63) or 1
         self._timeout = timeout
         self._window = threading.Semaphore(window)
         self._on_batch = on_batch
@@ -220,6 +225,14 @@ class Client:
         self._subscriptions: dict[str, tuple[SubscriptionHandle, pb.SubscriptionSpec]] = {}
         self._draining: _Stream | None = None  # the old session of a hand-over
         self._held: list[pb.NotificationBatch] = []  # the new session's meanwhile
+        # resuming a session after its connection point failed: what the new one brings
+        # until the subscribe is acknowledged (None: not resuming); per (publisher,
+        # incarnation) the highest sequence received, to drop what a replay repeats; and what
+        # had been received when the last resume was handed on, below which a publisher with
+        # an incarnation sends only copies (sent again through another connection point)
+        self._resumed: list[pb.NotificationBatch] | None = None
+        self._received: dict[tuple[str, int], int] = {}
+        self._floor: dict[tuple[str, int], int] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._closed = False
 
@@ -358,6 +371,7 @@ class Client:
                 first_sequence=self._next_sequence,
                 entities=entities,
                 store=self._store,
+                incarnation=self.incarnation,
             )
             self._next_sequence += len(entities)
         return self._send_request(request)
@@ -561,12 +575,33 @@ class Client:
             ).start()
             return
         with self._lock:
+            if self._resumed is not None and stream is self._session:
+                self._resumed.append(event.notifications)  # once the replay is all in
+                return
             if self._draining is not None and stream is not self._draining:
                 self._held.append(event.notifications)  # after the old session's, in order
                 return
-        self._notify(event.notifications)
+        self._hand_on(event.notifications)
+
+    def _hand_on(self, batch: pb.NotificationBatch) -> None:
+        """Hand ``batch`` on, less the copies a resume's floor tells (see ``_floor``)."""
+        floor = self._floor
+        if floor and batch.incarnation:
+            above = _above(floor, batch.incarnation)
+            kept = _rows(batch, above)
+            for publisher, sequence in zip(batch.publishers, batch.sequences, strict=True):
+                if above(0, publisher, sequence):  # it goes on above: no copy can follow
+                    floor.pop((publisher, batch.incarnation), None)
+            if kept is None:
+                return
+            batch = kept
+        self._notify(batch)
 
     def _notify(self, batch: pb.NotificationBatch) -> None:
+        received, incarnation = self._received, batch.incarnation
+        for publisher, sequence in zip(batch.publishers, batch.sequences, strict=True):
+            if sequence > received.get((publisher, incarnation), 0):
+                received[publisher, incarnation] = sequence
         if self._on_batch is not None:
             self._on_batch(batch, self._handles)
             return
@@ -646,18 +681,60 @@ class Client:
             self._notify(batch)
 
     def _resubscribe(self, live: list[tuple[SubscriptionHandle, pb.SubscriptionSpec]]) -> None:
+        """Subscribe again after the session's connection point failed, resuming the old
+        session: the new connection point replays what the exit points kept for its handles
+        (broker/roles/session_resume.py), and the replay and the new session's own
+        notifications are handed on once the subscribe is acknowledged, what was received
+        before dropped."""
+        with self._lock:
+            old_handle = {i: h for h, i in self._handles.items()}
+            self._resumed = []
         try:
             specs = [s for _h, s in live]
+            resume = [old_handle.get(s.id, 0) for s in specs]
             ack = self._ask(
-                pb.SessionRequest(subscribe=pb.Subscribe(subscriptions=specs, replace=True))
+                pb.SessionRequest(
+                    subscribe=pb.Subscribe(subscriptions=specs, replace=True, resume=resume)
+                )
             )
         except SilboError as exc:
             _log.error("could not subscribe again after moving: %s", exc)
+            with self._lock:
+                self._resumed = None
             for handle, _spec in live:
                 handle._end()
             return
         with self._lock:
             self._handles = dict(zip(ack.handles, ack.ids, strict=True))
+            self._hand_on_resumed()
+
+    def _hand_on_resumed(self) -> None:
+        """The resumed session is acknowledged: hand on the replay, less what was received
+        before the failure, then what the new session brought meanwhile, less what was
+        received before and what the replay gave (an update matched under both handles around
+        the take-over, or a copy its publisher sent again through another connection point);
+        the caller holds the lock.
+
+        Per (publisher, incarnation) a session delivers a publisher's batches whole and in
+        order, and so does a replay, so what was received is every update up to the highest
+        sequence received. After the replay that stays the *floor* of the publishers with an
+        incarnation: their copies may come later still (whenever the publisher sends them
+        again), and are dropped until the publisher's sequences pass it. Without an
+        incarnation a publisher that starts its sequences again under the same name is not
+        told from one sending copies: only what the resume brings is filtered for it."""
+        held, self._resumed = self._resumed or [], None
+        for batch in held:
+            if batch.replayed:  # the exit points may keep two copies (a publisher's resend)
+                fresh = _rows(batch, _above(self._received, batch.incarnation))
+                if fresh is not None:
+                    self._notify(fresh)
+        after = dict(self._received)  # the replay came whole and in order too
+        self._floor = {key: sequence for key, sequence in after.items() if key[1]}
+        for batch in held:
+            if not batch.replayed:
+                rest = _rows(batch, _above(after, batch.incarnation))
+                if rest is not None:
+                    self._hand_on(rest)
 
     # -- connection -----------------------------------------------------------------------
 
@@ -722,3 +799,45 @@ class Client:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _notifications(batch: pb.NotificationBatch) -> Iterator[tuple[int, str, int]]:
+    """(handle, publisher, sequence) of each notification of ``batch``."""
+    indexes = np.frombuffer(batch.entity_index, dtype="<u4").tolist()
+    handles = np.frombuffer(batch.handles, dtype="<u8").tolist()
+    for index, handle in zip(indexes, handles, strict=True):
+        yield handle, batch.publishers[index], batch.sequences[index]
+
+
+def _rows(
+    batch: pb.NotificationBatch, keep: Callable[[int, str, int], bool]
+) -> pb.NotificationBatch | None:
+    """``batch`` with only the notifications ``keep`` (handle, publisher, sequence) holds
+    (None: none)."""
+    chosen = [i for i, n in enumerate(_notifications(batch)) if keep(*n)]
+    if not chosen:
+        return None
+    if len(chosen) == len(batch.handles) // 8:
+        return batch
+    entity_index = np.frombuffer(batch.entity_index, dtype="<u4")[chosen]
+    used, index = np.unique(entity_index, return_inverse=True)
+    rows = used.tolist()
+    return pb.NotificationBatch(
+        entities=[batch.entities[i] for i in rows],
+        publishers=[batch.publishers[i] for i in rows],
+        sequences=[batch.sequences[i] for i in rows],
+        entity_index=index.astype("<u4").tobytes(),
+        handles=np.frombuffer(batch.handles, dtype="<u8")[chosen].tobytes(),
+        replayed=batch.replayed,
+        incarnation=batch.incarnation,
+    )
+
+
+def _above(floor: dict[tuple[str, int], int], incarnation: int) -> Callable[[int, str, int], bool]:
+    """Whether a notification of a batch of ``incarnation`` is above ``floor`` (per
+    (publisher, incarnation), the highest sequence received)."""
+
+    def above(_handle: int, publisher: str, sequence: int) -> bool:
+        return sequence > floor.get((publisher, incarnation), 0)
+
+    return above

@@ -201,9 +201,15 @@ class AmbiguousEntity(SilboError):
     """An entity id given without a type names several entities (NGSI 409 TooManyResults)."""
 
 
+class InvalidGeoQuery(InvalidInput):
+    """A geographical query (``georel``, ``geometry``, ``coords``) Orion refuses (400
+    BadRequest, "Invalid query: ..."; broker.store.geo)."""
+
+
 class NotSupportedQuery(SilboError):
-    """A query Silbo cannot resolve, such as a geographical one (NGSI 422 NotSupportedQuery,
-    what Orion's API names for a geographical query an implementation cannot resolve)."""
+    """A query Silbo cannot resolve (NGSI 422 NotSupportedQuery, what Orion's API names for a
+    geographical query an implementation cannot resolve). Raised by nothing since Silbo
+    serves geographical queries (issue 18, broker.store.geo); kept for the table's sake."""
 
 
 register_mapping(AmbiguousEntity, ErrorMapping("FAILED_PRECONDITION", 409, "TooManyResults"))

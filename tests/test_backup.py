@@ -80,3 +80,44 @@ def test_batches_sent_again_after_a_failure_are_handed_over_exactly_once(
     extra = [next(newer) for _ in range(3)]
     handed += [n for n in extra if seen.fresh(9, "p1", n)]
     assert handed == numbers + extra
+
+
+def test_a_copy_through_another_origin_is_dropped_by_the_publishers_incarnation() -> None:
+    seen = Seen()
+    assert seen.fresh(1, "p", 1, incarnation=7, last=10)
+    assert not seen.fresh(2, "p", 1, incarnation=7, last=10)  # sent again elsewhere
+    assert not seen.fresh(2, "p", 2, incarnation=7, last=5)
+    assert seen.fresh(2, "p", 3, incarnation=7, last=11)
+    assert seen.fresh(2, "p", 4, incarnation=8, last=1)  # the publisher started again
+    assert seen.fresh(3, "q", 1, incarnation=7, last=1)  # another publisher
+    assert seen.fresh(4, "p", 1, incarnation=0, last=1)  # no incarnation: by origin only
+
+
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=30),  # updates in each batch, in order
+    st.data(),
+)
+def test_batches_a_publisher_sends_again_through_another_origin_are_handed_over_once(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    """The publisher's connection point A dies after sending a prefix of its batches; the
+    client sends everything unacknowledged again through B (new origin, new numbers, the
+    same sequences) and goes on there. What A sent still arrives, interleaved in any way with
+    B's (each path in its own order; what was acknowledged had arrived before A died): every
+    update is handed over once, in order."""
+    firsts = list(itertools.accumulate([1, *sizes[:-1]]))
+    lasts = [first + size - 1 for first, size in zip(firsts, sizes, strict=True)]
+    sent_by_a = data.draw(st.integers(0, len(sizes)), label="batches A sent before dying")
+    acknowledged = data.draw(st.integers(0, sent_by_a), label="acknowledged by then")
+    path_a = [(1, n + 1, lasts[n]) for n in range(sent_by_a)]
+    path_b = [(2, i + 1, lasts[n]) for i, n in enumerate(range(acknowledged, len(sizes)))]
+    in_flight = [0] * (sent_by_a - acknowledged) + [1] * len(path_b)
+    order = [0] * acknowledged + data.draw(st.permutations(in_flight), label="arrival")
+    paths = [iter(path_a), iter(path_b)]
+    seen = Seen()
+    handed: list[int] = []
+    for which in order:
+        origin, number, last = next(paths[which])
+        if seen.fresh(origin, "p", number, incarnation=42, last=last):
+            handed.append(last)
+    assert handed == lasts

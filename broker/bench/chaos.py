@@ -5,7 +5,7 @@
                       [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
                                 context-store,scale-kill,access-point-hang,exit-point-hang,
                                 context-store-hang,scale-kill-exit-point,
-                                scale-kill-access-point]
+                                scale-kill-access-point,connection-point]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
@@ -25,6 +25,14 @@ next fault of ``--faults`` (round robin), for ``--duration`` seconds or ``--coun
   the role until its repair, then SIGCONT: the supervisor's liveness probe kills it as hung
   within 2 s and restarts it (broker.cluster.liveness);
 - ``zookeeper``: SIGKILL of the embedded ZooKeeper (the supervisor restarts it);
+- ``connection-point``: SIGKILL of the connection point (the only one: every client and the
+  store writer are on it): the supervisor restarts it on its ports, the publisher sends what
+  was not acknowledged again (with its incarnation: copies are dropped), the gRPC subscriber
+  resumes its session there (the exit points kept what the dead one missed), and the HTTP
+  subscriptions are adopted by the new one once the dead one's ZooKeeper session ended
+  (the exit points' deliveries that never reached the dead one are replayed to it); its
+  delivery worker sends what it held before it exits. Detection: the new connection point
+  registered; recovery: the dead one's registration gone (its HTTP subscriptions adopted);
 - ``context-store``, ``context-store-hang``: SIGKILL, or SIGSTOP until detected then
   SIGCONT, of one context store: its backup fences it and serves its partitions (a stopped
   one may be killed as hung by the supervisor first), the supervisor restarts it, and it
@@ -89,6 +97,7 @@ from broker.client import Client
 from broker.cluster.local import store_id_of
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.membership import MEMBERS
 from broker.coordination.scale import read_plan
 from broker.errors import SilboError
 from broker.extras import require
@@ -114,6 +123,7 @@ FAULTS = (
     "context-store-hang",
     "scale-kill-exit-point",
     "scale-kill-access-point",
+    "connection-point",
 )
 # HTTP subscriptions: one per last digit of the station id, and one for every station
 HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
@@ -355,6 +365,7 @@ class _Run:
             publisher="chaos",
             first_sequence=len(self.sent) + 1,
             entities=[entity_from_update(u) for u in batch],
+            incarnation=client.incarnation,  # a copy sent again after a failure is dropped
         )
         while True:
             try:
@@ -412,6 +423,8 @@ class _Run:
             os.kill(pid, signal.SIGKILL)
             detected = self._until(lambda: self._zookeeper_back(pid), 60)
             event.update(detection_s=detected, recovery_s=detected)
+        elif fault == "connection-point":
+            event.update(self._kill_connection_point())
         elif fault.startswith("context-store"):
             event.update(self._fault_store(hang=fault.endswith("hang")))
         elif fault.startswith("scale-kill"):
@@ -429,6 +442,30 @@ class _Run:
                     os.kill(victim["pid"], signal.SIGCONT)
             recovered = self._until(lambda: self._whole(role, victim["name"]), 90)
             event.update(victim=victim["name"], detection_s=detected, recovery_s=recovered)
+
+    def _kill_connection_point(self) -> dict[str, Any]:
+        """Kill a connection point: detected once the supervisor's new one registered, whole
+        once the dead one's registration is gone (its HTTP subscriptions adopted then)."""
+        role = "connection-point"
+        victims = [p for p in self._description()["processes"] if p["role"] == role]
+        victim = self.random.choice([v for v in victims if v.get("name")])
+        path = f"{MEMBERS}/{role}/{victim['name']}"
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        def restarted() -> bool:
+            processes = self._description()["processes"]
+            return any(
+                p["role"] == role and p.get("name") and p["pid"] != victim["pid"] for p in processes
+            )
+
+        detected = self._until(restarted, 60)
+        began = time.monotonic() - (detected or 0.0)
+        gone = self._until(lambda: not self._zk().exists(path), 60)
+        return {
+            "victim": victim["name"],
+            "detection_s": detected,
+            "recovery_s": None if gone is None else round(time.monotonic() - began, 2),
+        }
 
     def _fault_store(self, *, hang: bool) -> dict[str, Any]:
         """Kill (or stop until detected) one context store; detected once its registration
@@ -581,7 +618,8 @@ class _Run:
                 expected[subscription_id, sequence] += 1
         got = Counter((s, q) for s, q, _t in self.arrivals)
         extra = got - expected
-        duplicated = sum(n - 1 for key, n in got.items() if n > 1 and key in expected)
+        repeated = Counter({k: n - 1 for k, n in got.items() if n > 1 and k in expected})
+        duplicated = repeated.total()
         lost = expected - got
         http_expected: Counter[tuple[str, int]] = Counter()
         for sequence, update in enumerate(self.sent, start=1):
@@ -609,6 +647,13 @@ class _Run:
             "unexpected": extra.total() - duplicated,
             # when the updates whose notifications were lost had been published (second: count)
             "lost_by_second": self._by_second(lost),
+            # when the updates notified twice had been published; the first few of them
+            "duplicated_by_second": self._by_second(repeated),
+            "duplicated_examples": [
+                {"subscription": s, "sequence": q, "arrived": [round(t, 2) for t in at]}
+                for (s, q) in sorted(repeated)[:5]
+                for at in [[t for s2, q2, t in self.arrivals if (s2, q2) == (s, q)]]
+            ],
             "http": {
                 "subscriptions": len(self.http_patterns),
                 "expected": http_expected.total(),

@@ -71,9 +71,10 @@ from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, sto
 from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
 from broker.errors import AddressInUse, InvalidInput, SilboError
+from broker.ngsi.cors import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
-from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, Role
+from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, SESSION_GRACE, Role
 from broker.store.layout import create_store_layout
 
 __all__ = [
@@ -122,6 +123,9 @@ class ClusterSpec:
     status_flush: float = 10.0  # --status-flush of every connection point
     http_read_timeout: float = 30.0  # --http-read-timeout of every connection point
     retry_window: float = DEFAULT_WINDOW  # --retry-window of every connection point
+    session_grace: float = SESSION_GRACE  # --session-grace of matchers and exit points
+    cors_origin: str = ""  # --cors-origin of every connection point ("": no CORS)
+    cors_max_age: int = DEFAULT_MAX_AGE  # --cors-max-age of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
     peer_hang_after: float = PEER_HANG_AFTER  # --peer-hang-after of every process (0: off)
@@ -170,6 +174,7 @@ class ClusterSpec:
             problems.append(f"--http-read-timeout must be positive, not {self.http_read_timeout}")
         if (problem := window_problem(self.retry_window, "--retry-window")) is not None:
             problems.append(problem)
+        problems.extend(cors_problems(self.cors_origin, self.cors_max_age))
         if not isinstance(logging.getLevelName(self.log_level.upper()), int):
             problems.append(f"--log-level {self.log_level} is not a logging level")
         if self.zk is not None and not self.zk.strip():
@@ -204,6 +209,9 @@ class ChildOptions:
     notify_allow: tuple[str, ...] = ()
     peer_hang_after: float = PEER_HANG_AFTER
     store_root: str = ""  # context stores: the directory of their directories
+    session_grace: float = SESSION_GRACE
+    cors_origin: str = ""
+    cors_max_age: int = DEFAULT_MAX_AGE
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -218,6 +226,9 @@ class ChildOptions:
             tuple(spec.notify_allow),
             spec.peer_hang_after,
             str(spec.state_dir.resolve() / STORES),
+            spec.session_grace,
+            spec.cors_origin,
+            spec.cors_max_age,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +243,9 @@ class ChildOptions:
             "notify_allow": list(self.notify_allow),
             "peer_hang_after": self.peer_hang_after,
             "store_root": self.store_root,
+            "session_grace": self.session_grace,
+            "cors_origin": self.cors_origin,
+            "cors_max_age": self.cors_max_age,
         }
 
     @classmethod
@@ -246,6 +260,8 @@ class ChildOptions:
     def arguments(self, role: Role, number: int) -> list[str]:
         """The role-specific ``silbo run`` arguments of process ``number`` (from 1)."""
         extra = ["--log-level", self.log_level, "--peer-hang-after", f"{self.peer_hang_after:g}"]
+        if role in (Role.MATCHER, Role.EXIT_POINT) and self.session_grace != SESSION_GRACE:
+            extra += ["--session-grace", f"{self.session_grace:g}"]
         if role is Role.MATCHER and self.spark_offload:
             extra += ["--spark-offload", str(self.spark_offload)]
         if role is Role.CONTEXT_STORE:  # slot n is store n: same id, same directory
@@ -259,6 +275,9 @@ class ChildOptions:
                 *("--http-read-timeout", str(self.http_read_timeout)),
                 *("--retry-window", str(self.retry_window)),
             ]
+            if self.cors_origin:
+                extra += ["--cors-origin", self.cors_origin]
+                extra += ["--cors-max-age", str(self.cors_max_age)]
             for entry in self.notify_allow:
                 extra += ["--notify-allow", entry]
         return extra

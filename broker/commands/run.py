@@ -24,13 +24,20 @@ from collections.abc import Callable
 
 from broker.errors import SilboError
 from broker.ngsi import AllowList
+from broker.ngsi.cors import ALL_ORIGINS, DEFAULT_MAX_AGE
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.roles.access_point import AccessPoint
 from broker.roles.connection_point import ConnectionPoint
 from broker.roles.context_store import ContextStore
 from broker.roles.exit_point import ExitPoint
 from broker.roles.matcher import Matcher
-from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, ProcessOptions, Role
+from broker.runtime.options import (
+    DEFAULT_CLUSTER,
+    PEER_HANG_AFTER,
+    SESSION_GRACE,
+    ProcessOptions,
+    Role,
+)
 from broker.runtime.process import RoleService, run_process
 from broker.runtime.token import TOKEN_ENV
 from broker.store.engine import DEFAULT_ENGINE, ENGINES
@@ -103,6 +110,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_status_flush(parser)
     add_http_read_timeout(parser)
     add_retry_window(parser)
+    add_session_grace(parser)
+    add_cors(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
@@ -143,6 +152,38 @@ def add_retry_window(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="connection points: seconds an HTTP notification is retried for, unless its "
         f"subscription sets notification.retryWindow (default {DEFAULT_WINDOW:.0f}; 0: no retries)",
+    )
+
+
+def add_session_grace(parser: argparse.ArgumentParser) -> None:
+    """Add ``--session-grace S`` (``silbo run`` and ``silbo up``: docs/failures.md)."""
+    parser.add_argument(
+        "--session-grace",
+        type=float,
+        default=SESSION_GRACE,
+        metavar="S",
+        help="matchers and exit points: seconds a dead connection point's client sessions "
+        f"can be resumed at another one, nothing lost (default {SESSION_GRACE:.0f})",
+    )
+
+
+def add_cors(parser: argparse.ArgumentParser) -> None:
+    """Add ``--cors-origin ORIGIN`` and ``--cors-max-age S`` (``silbo run`` and ``silbo up``:
+    docs/ngsi.md, as Orion's -corsOrigin and -corsMaxAge)."""
+    parser.add_argument(
+        "--cors-origin",
+        default="",
+        metavar="ORIGIN",
+        help="connection points: answer cross-origin (CORS) requests from this origin "
+        f"({ALL_ORIGINS}: any; default: no CORS)",
+    )
+    parser.add_argument(
+        "--cors-max-age",
+        type=int,
+        default=DEFAULT_MAX_AGE,
+        metavar="S",
+        help="connection points: seconds a browser may keep the answer to a CORS preflight "
+        f"(default {DEFAULT_MAX_AGE})",
     )
 
 
@@ -198,9 +239,12 @@ def run(args: argparse.Namespace) -> int:
             status_flush=args.status_flush,
             http_read_timeout=args.http_read_timeout,
             retry_window=args.retry_window,
+            cors_origin=args.cors_origin,
+            cors_max_age=args.cors_max_age,
             spark_offload=args.spark_offload,
             spark_master=args.spark_master,
             peer_hang_after=args.peer_hang_after,
+            session_grace=args.session_grace,
             store_dir=args.store_dir,
             store_id=args.store_id,
             store_engine=args.store_engine,

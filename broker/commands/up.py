@@ -65,8 +65,10 @@ from broker.cluster.local import (
 from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
 from broker.commands.run import (
     add_cluster_token,
+    add_cors,
     add_http_read_timeout,
     add_retry_window,
+    add_session_grace,
     add_spark_offload,
     add_status_flush,
     use_cluster_token,
@@ -163,6 +165,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_status_flush(parser)
     add_http_read_timeout(parser)
     add_retry_window(parser)
+    add_session_grace(parser)
+    add_cors(parser)
     add_spark_offload(parser)
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
@@ -221,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
             status_flush=args.status_flush,
             http_read_timeout=args.http_read_timeout,
             retry_window=args.retry_window,
+            session_grace=args.session_grace,
+            cors_origin=args.cors_origin,
+            cors_max_age=args.cors_max_age,
             spark_offload=args.spark_offload,
             replicas=args.replicas,
             peer_hang_after=max(PEER_HANG_AFTER, 8 * args.hang_after) if args.hang_after else 0,

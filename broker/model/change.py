@@ -33,7 +33,9 @@ class Change:
 
     ``changed``: attributes whose value or type changed (or were added or deleted);
     ``meta_changed``: attributes whose metadata alone changed; ``requested``: attributes the
-    request named; ``correlator``: the request's Fiware-Correlator; ``metadata``: the
+    request named; ``correlator``: the request's Fiware-Correlator; ``auth_token``: its
+    X-Auth-Token (empty without one; the front that takes the update adds it when it
+    publishes, it never goes to the store); ``metadata``: the
     builtin metadata (``dateCreated``, ``dateModified``, ``previousValue``, ``actionType``)
     of each attribute and ``attributes`` the builtin attributes (``dateCreated``,
     ``dateModified``) of the entity, as the context store computed them, for the
@@ -45,6 +47,7 @@ class Change:
     meta_changed: frozenset[str] = frozenset()
     requested: frozenset[str] = frozenset()
     correlator: str = ""
+    auth_token: str = field(default="", compare=False)
     metadata: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
     attributes: Mapping[str, Any] = field(default_factory=dict, compare=False)
 

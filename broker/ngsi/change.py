@@ -7,6 +7,11 @@ declare (number 15): protobuf keeps unknown fields through parsing and serializi
 travels untouched through access points, matchers and exit points, and gRPC clients ignore
 it. An entity without one (a gRPC publisher's) counts as a change of every attribute it
 carries. :class:`Alteration` and :class:`Change` are the model's, re-exported here.
+
+The field holds a msgpack array: the alteration's code, the changed, metadata-changed and
+requested attributes, the correlator, then (optional) the builtins of :func:`builtins_of`
+(two items, or two nulls) and the update's X-Auth-Token (only when it had one, so an
+update without a token costs nothing more).
 """
 
 from __future__ import annotations
@@ -40,23 +45,31 @@ def _varint(n: int) -> bytes:
 
 
 def with_change(
-    entity: pb.Entity, change: Change, builtins: tuple[Any, Any] | None = None
+    entity: pb.Entity,
+    change: Change,
+    builtins: tuple[Any, Any] | None = None,
+    auth_token: str = "",
 ) -> pb.Entity:
     """``entity`` with ``change`` written into it (as unknown field 15); returns it.
 
     ``builtins`` (from :func:`builtins_of`): the dates, previous values and action types the
     store gave, compact; :func:`read_change` renders them into the Change's ``metadata``
-    and ``attributes``."""
-    body = msgpack.packb(
-        [
-            _CODES[change.alteration],
-            sorted(change.changed),
-            sorted(change.meta_changed),
-            sorted(change.requested),
-            change.correlator,
-            *([] if builtins is None else builtins),
-        ]
-    )
+    and ``attributes``. ``auth_token``: the X-Auth-Token of the request that made the
+    update, forwarded on the notifications it causes (read back as ``auth_token``)."""
+    fields = [
+        _CODES[change.alteration],
+        sorted(change.changed),
+        sorted(change.meta_changed),
+        sorted(change.requested),
+        change.correlator,
+    ]
+    if builtins is not None:
+        fields.extend(builtins)
+    if auth_token:
+        if builtins is None:
+            fields.extend((None, None))
+        fields.append(auth_token)
+    body = msgpack.packb(fields)
     entity.MergeFromString(_TAG + _varint(len(body)) + body)
     return entity
 
@@ -67,16 +80,20 @@ def read_change(data: bytes, entity: pb.Entity | None = None) -> Change:
     body = _field(data)
     if body is not None:
         try:
-            code, changed, meta, requested, correlator, *builtins = msgpack.unpackb(body)
-            metadata, attributes = _rendered(*builtins) if len(builtins) == 2 else ({}, {})
+            code, changed, meta, requested, correlator, *rest = msgpack.unpackb(body)
+            metadata: dict[str, Any] = {}
+            attributes: dict[str, Any] = {}
+            if len(rest) >= 2 and rest[0] is not None:
+                metadata, attributes = _rendered(rest[0], rest[1])
             return Change(
                 _BY_CODE[code],
                 frozenset(changed),
                 frozenset(meta),
                 frozenset(requested),
                 correlator,
-                metadata,
-                attributes,
+                auth_token=rest[2] if len(rest) > 2 else "",
+                metadata=metadata,
+                attributes=attributes,
             )
         except (ValueError, KeyError, TypeError, msgpack.UnpackException):
             pass  # not ours: read it as a plain update

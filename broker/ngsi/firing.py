@@ -6,7 +6,11 @@ update did. :class:`Firing` keeps the front's subscriptions as arrays sorted by 
 decides with numpy: a *plain* subscription (active, no throttling, no expiry) fires when its
 rule does, and a rule (alteration types, condition attributes, notifyOnMetadataChange) is
 worked out once per entity of the batch (:meth:`Change.fires`); the others (oneshot,
-throttled, expiring, inactive) are decided one by one as Orion says (ngsi-v2.md section 3).
+throttled, expiring, inactive, geographical) are decided one by one as Orion says (ngsi-v2.md
+section 3). A geographical subscription (``expression.georel``...) fires only if the entity
+published, whole after its update, has its location in the relation asked
+(:meth:`~broker.store.geo.GeoFilter.matches`): the matchers checked the selectors, ``q`` and
+``mq`` on that same entity; its location is read once per entity of the batch.
 Every pair that fires counts in its subscription's ``timesSent`` and ``lastNotification``.
 
 The arrays are made again on the first batch after :meth:`Firing.invalidate` (a subscription
@@ -24,7 +28,10 @@ import numpy.typing as npt
 
 from broker.ngsi.change import Alteration, Change, read_change
 from broker.ngsi.subscriptions import HttpSubscription
+from broker.store.geo import LOCATION_TYPES, Location, first_location
+from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
+from broker.wire.convert import value_from_wire
 
 __all__ = ["Fired", "Firing"]
 
@@ -74,7 +81,7 @@ class Firing:
         rules = np.where(self._handles[at] == handles, self._rule_of[at], _UNKNOWN)
         changes: dict[int, Change] = {}
         fires = self._plain(rules, indexes, batch, changes)
-        self._one_by_one(rules, at, indexes, batch, changes, now, fires)
+        self._one_by_one(rules, at, indexes, batch, changes, now, fires, {})
         counts = self._count(at, fires, now)
         if not fires.any():
             return None
@@ -97,7 +104,7 @@ class Firing:
         rule_of = []
         for s in self._subscriptions:
             p = s.parsed
-            if s.status != "active" or p.throttling or p.expires is not None:
+            if s.status != "active" or p.throttling or p.expires is not None or p.geo is not None:
                 rule_of.append(_ONE_BY_ONE)
                 continue
             rule = (p.alterations, p.condition_attrs, p.notify_on_metadata)
@@ -138,9 +145,11 @@ class Firing:
         changes: dict[int, Change],
         now: float,
         fires: npt.NDArray[np.bool_],
+        locations: dict[int, Location | None],
     ) -> None:
         """Decide the pairs of the other subscriptions, in order (throttling and oneshot
-        depend on what fired before), doing their bookkeeping."""
+        depend on what fired before), doing their bookkeeping (``locations``: the entities'
+        locations read so far, by index in the batch)."""
         for i in np.flatnonzero(rules == _ONE_BY_ONE).tolist():
             subscription = self._subscriptions[at[i]]
             p = subscription.parsed
@@ -153,6 +162,10 @@ class Firing:
             if change.alteration not in p.alterations:
                 continue
             if not change.fires(p.condition_attrs, p.notify_on_metadata):
+                continue
+            if p.geo is not None and not p.geo.matches(
+                _location(batch, int(indexes[i]), locations)
+            ):
                 continue
             subscription.times_sent += 1
             subscription.last_notification = now
@@ -180,6 +193,24 @@ class Firing:
                 subscription.last_notification = now
             out.append((subscription, count))
         return out
+
+
+def _location(
+    batch: wire.NotificationBatchOut, index: int, locations: dict[int, Location | None]
+) -> Location | None:
+    """The location of the batch's entity ``index`` (its first geo-typed attribute)."""
+    if index not in locations:
+        entity = pb.Entity.FromString(batch.entities[index])
+        locations[index] = first_location(
+            (
+                a.type,
+                value_from_wire(a.value),
+                {m.name: value_from_wire(m.value) for m in a.metadata},
+            )
+            for a in entity.attributes
+            if a.type in LOCATION_TYPES  # the others' values are not decoded
+        )
+    return locations[index]
 
 
 def _change(batch: wire.NotificationBatchOut, index: int, changes: dict[int, Change]) -> Change:

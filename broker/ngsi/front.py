@@ -28,12 +28,14 @@ from typing import Any, Protocol
 from urllib.parse import urlencode
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from broker.addresses import parse_address
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import builtins_of, with_change
+from broker.ngsi.cors import DEFAULT_MAX_AGE, cors
 from broker.ngsi.delivery import Config
 from broker.ngsi.entity import to_wire
 from broker.ngsi.firing import Firing
@@ -59,6 +61,7 @@ __all__ = [
     "NgsiFront",
     "OnFronts",
     "OpenRegistry",
+    "application",
     "delivery_config",
 ]
 
@@ -72,6 +75,8 @@ RESCAN = 15.0  # seconds between looks for orphans when no front came or went
 ADOPT_BATCH = 500  # orphans claimed and placed with the matchers at a time
 ORION_VERSION = "3.12.0"  # the Orion release whose API the front follows (clients check it)
 MAX_PUBLISH_BATCH = 1_000
+_JSON = "application/json; charset=utf-8"
+_CONTENT_TYPES = {"payload": "text/plain; charset=utf-8"}  # by httpCustom's body (JSON else)
 DEFAULT_STATUS_FLUSH = 10.0
 
 
@@ -102,10 +107,12 @@ class BrokerPort(Protocol):
         *,
         replace: bool,
         placed: Callable[[list[int]], None] | None = None,
+        adopt: bool = False,
     ) -> list[int]:
         """Place subscriptions with their matchers; their handles, in order. ``placed`` is
         told the handles before the matchers get them: a notification under a handle can
-        then arrive before the acknowledgement (they travel different ways)."""
+        then arrive before the acknowledgement (they travel different ways). ``adopt``: they
+        are a dead front's, whose deliveries that never reached it are replayed first."""
 
     async def unsubscribe(self, ids: Sequence[str]) -> None:
         """Remove subscriptions from their matchers."""
@@ -126,6 +133,8 @@ class FrontOptions:
     total_limit: int = DEFAULT_TOTAL_LIMIT
     retry_window: float = DEFAULT_WINDOW  # seconds a notification is retried for, by default
     count: Callable[[str, int], None] | None = None  # told notifications' outcomes (metrics)
+    cors_origin: str = ""  # the origin CORS allows ("__ALL": any; "": CORS off)
+    cors_max_age: int = DEFAULT_MAX_AGE  # seconds a browser may keep a preflight's answer
 
 
 class NgsiFront:
@@ -172,9 +181,8 @@ class NgsiFront:
         a request it answers can always keep a subscription."""
         host, port = parse_address(self.options.listen, "--http-listen")
         sock = _bind(host, port, self.options.listen)
-        app = web.Application(middlewares=[checks], client_max_size=MAX_BODY + 1)
+        app = application(self.options)
         add_routes(app, self)
-        app[READ_TIMEOUT] = self.options.read_timeout
         # keepalive_timeout also bounds the wait for a request's head (a connection that
         # never completes one is closed), not only the idle time between requests
         self._runner = web.AppRunner(
@@ -227,9 +235,11 @@ class NgsiFront:
 
     # -- updates ----------------------------------------------------------------------------
 
-    async def publish(self, applied: Sequence[Applied]) -> None:
+    async def publish(self, applied: Sequence[Applied], auth_token: str = "") -> None:
         """Publish the whole entities of applied writes (in the order given; those that
-        changed nothing at all, having failed, are left out)."""
+        changed nothing at all, having failed, are left out). ``auth_token``: the X-Auth-Token
+        of the request that made them, carried with each entity's change (it is per update,
+        as the correlator is) for the notifications they cause."""
         entities = []
         for one in applied:
             document = one.document if one.document is not None else one.before
@@ -239,7 +249,7 @@ class NgsiFront:
                 document.id, document.type, document.tenant, document.service_path,
                 document.attributes,
             )  # fmt: skip
-            entities.append(with_change(entity, one.change, builtins_of(one)))
+            entities.append(with_change(entity, one.change, builtins_of(one), auth_token))
         await self._publisher.publish(entities)
 
     # -- subscriptions ----------------------------------------------------------------------
@@ -469,7 +479,7 @@ class NgsiFront:
 
                 try:
                     await self.port.subscribe(
-                        [s.spec() for s in adopted], replace=True, placed=placed
+                        [s.spec() for s in adopted], replace=True, placed=placed, adopt=True
                     )
                 except SilboError:
                     for subscription in adopted:
@@ -533,9 +543,20 @@ class NgsiFront:
         fired = self._firing.decide(batch, time.time())
         if fired is None:
             return
-        if not self.notifier.send(fired.entities, fired.numbers, fired.indexes):
+        if not self.notifier.send(fired.entities, fired.numbers, fired.indexes, batch.replayed):
             for subscription, count in fired.counts:
                 self.notifier.dropped(subscription, count)
+
+
+def application(options: FrontOptions) -> web.Application:
+    """The front's aiohttp application, without its routes: the request checks, behind
+    CORS when ``options`` turn it on (broker.ngsi.cors)."""
+    middlewares: list[Middleware] = [checks]
+    if options.cors_origin:
+        middlewares.insert(0, cors(options.cors_origin, options.cors_max_age))
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY + 1)
+    app[READ_TIMEOUT] = options.read_timeout
+    return app
 
 
 def _bind(host: str, port: int, listen: str) -> socket.socket:
@@ -582,24 +603,36 @@ async def _quietly(work: Awaitable[None]) -> None:
 
 
 def delivery_config(parsed: Parsed) -> Config:
-    """How the delivery worker renders and sends a subscription's notifications."""
+    """How the delivery worker renders and sends a subscription's notifications.
+
+    The headers, as Orion sends them: ``Content-Type`` (``text/plain`` for a ``payload``,
+    none for ``payload: null``, JSON otherwise), ``Accept`` and ``User-Agent``, which
+    httpCustom's headers may replace (or take out, with an empty value); then
+    ``Ngsiv2-AttrsFormat`` (``custom`` for a ``payload`` or ``json`` body), which they
+    cannot."""
     channel = parsed.channel
-    headers = dict(channel.headers)
-    headers.update(
+    kind = channel.body[0] if channel.body is not None else ""
+    headers = _headers(
         {
-            "Content-Type": "application/json; charset=utf-8",
+            "Content-Type": _CONTENT_TYPES.get(kind, _JSON),
             "Accept": "application/json",
             "User-Agent": f"orion/{ORION_VERSION} silbo",
-            "Ngsiv2-AttrsFormat": parsed.attrs_format.value,
-        }
+        },
+        channel.headers,
     )
+    if kind == "payload" and channel.body is not None and channel.body[1] is None:
+        headers = [(k, v) for k, v in headers if k.lower() != "content-type"]  # no body
+    headers = [(k, v) for k, v in headers if k.lower() != "ngsiv2-attrsformat"]
+    custom = kind in ("payload", "json")
+    headers.append(("Ngsiv2-AttrsFormat", "custom" if custom else parsed.attrs_format.value))
+    templated = channel.templated()
     url = channel.url
-    if channel.qs:
+    if channel.qs and not templated:
         url += ("&" if "?" in url else "?") + urlencode(channel.qs)
     return Config(
         url,
         channel.method,
-        tuple(headers.items()),
+        tuple(headers),
         channel.timeout,
         parsed.attrs_format,
         parsed.attrs,
@@ -609,7 +642,19 @@ def delivery_config(parsed: Parsed) -> Config:
         parsed.max_fails_limit,
         parsed.retry_window,
         parsed.metadata,
+        templated,
+        channel.qs if templated else (),
+        channel.body,
     )
+
+
+def _headers(defaults: dict[str, str], given: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """The defaults with the given headers over them (names compared case-insensitively; a
+    given empty value is kept, and means the header is not sent)."""
+    merged = {k.lower(): (k, v) for k, v in defaults.items()}
+    for name, value in given:
+        merged[name.lower()] = (name, value)
+    return list(merged.values())
 
 
 class _Publisher:

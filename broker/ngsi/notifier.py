@@ -27,6 +27,11 @@ The worker
 reports these every 50 ms; :meth:`Notifier.configure` numbers each version of a
 subscription it sends, and a report about an older version (before a PATCH) changes its
 times but not its ``failsCounter`` or status.
+
+:meth:`Notifier.stop` sends the worker ``["q"]`` before closing its stdin: it ends at once,
+dropping what waits. A worker whose stdin ends without it outlives its dead connection
+point for a while, to send what it holds (:meth:`broker.ngsi.delivery.Worker.drain`); its
+reports then go nowhere. A worker that dies is started again (what it held is lost).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from broker.ngsi.delivery import QUEUE_FULL, Config
+from broker.ngsi.delivery import QUEUE_FULL, QUIT, Config
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription
 
@@ -100,7 +105,12 @@ class Notifier:
         self._idle: dict[int, asyncio.Future[None]] = {}  # idle() calls waiting, by token
 
     async def start(self) -> None:
-        """Start the worker."""
+        """Start the worker, in a session of its own: a signal meant for the connection
+        point's process group (a terminal's Ctrl-C or hangup) does not reach it, the
+        connection point stops it (:meth:`stop`); and when the connection point dies, it
+        outlives it to send what it holds (broker.ngsi.delivery). Nothing of ours signals a
+        connection point's group: ``silbo down``, the supervisor and the liveness watch
+        signal its pid alone."""
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -108,6 +118,7 @@ class Notifier:
             *self._arguments,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         self._reader = asyncio.get_running_loop().create_task(self._read(self._process))
         for sid, subscription in self._subscriptions.items():  # a restarted worker
@@ -116,12 +127,15 @@ class Notifier:
             self._write(["s", subscription.number, sid, subscription.generation, fails, config])
 
     async def stop(self) -> None:
-        """Stop the worker: what is queued is dropped, what is in flight cancelled."""
+        """Stop the worker: what is queued is dropped, what is in flight cancelled. The quit
+        message says so: its stdin closing without one means the connection point died, and
+        it would send what it holds first."""
         self._stopping = True
         process = self._process
         if process is None:
             return
         assert process.stdin is not None
+        self._write([QUIT])
         process.stdin.close()
         try:
             await asyncio.wait_for(process.wait(), 5.0)
@@ -174,16 +188,27 @@ class Notifier:
         self._configs.pop(subscription.id, None)
         self._write(["f", subscription.number])
 
-    def send(self, entities: Sequence[bytes], numbers: list[int], indexes: list[int]) -> bool:
+    def send(
+        self,
+        entities: Sequence[bytes],
+        numbers: list[int],
+        indexes: list[int],
+        replayed: bool = False,
+    ) -> bool:
         """Queue notifications: to the subscription numbered ``numbers[i]`` (its
         ``number``), of entity ``entities[indexes[i]]``; False if the worker is too far
-        behind (nothing queued: the caller counts them in ``dropped``)."""
-        message = [
+        behind (nothing queued: the caller counts them in ``dropped``). ``replayed``: a dead
+        front's, kept by the exit points (docs/failures.md): written whatever waits in the
+        pipe, and taken by the worker past a subscription's limit (they are bounded, and
+        come in one burst when the subscriptions are adopted)."""
+        message: list[Any] = [
             "n",
             list(entities),
             np.array(numbers, dtype="<u4").tobytes(),
             np.array(indexes, dtype="<u4").tobytes(),
         ]
+        if replayed:
+            message.append(True)
         return self._write(message)
 
     def _write(self, message: list[Any]) -> bool:
@@ -192,6 +217,7 @@ class Notifier:
             return False
         if (
             message[0] == "n"
+            and len(message) == 4
             and process.stdin.transport.get_write_buffer_size() > self._buffer_limit
         ):
             return False

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_BODY",
     "MAX_DEPTH",
     "READ_TIMEOUT",
+    "auth_token_of",
     "checks",
     "correlator_of",
     "error_response",
@@ -72,6 +73,8 @@ MAX_DEPTH = 64  # levels of JSON nesting in a body (Python's own parser gives up
 BODY_TIMEOUT = 30.0  # seconds a client gets to send a whole body (by default)
 READ_TIMEOUT = web.AppKey("read_timeout", float)  # the front's own, in its app
 CORRELATOR = "Fiware-Correlator"
+AUTH_TOKEN = "X-Auth-Token"
+_TOKEN = re.compile(r"[\x20-\x7e]{1,4096}")  # what a token forwarded as a header may be
 KNOWN_OPTIONS = frozenset(
     {
         "keyValues",
@@ -136,6 +139,14 @@ def correlator_of(request: web.Request) -> str:
     """The request's correlator (set by the middleware)."""
     value: str = request["correlator"]
     return value
+
+
+def auth_token_of(request: web.Request) -> str:
+    """The request's ``X-Auth-Token``, which Orion forwards on the notifications its update
+    causes; empty without one (or for one that is not printable ASCII of at most 4 KiB:
+    tokens are, and anything else could not go out as a header as it came)."""
+    token = request.headers.get(AUTH_TOKEN, "").strip()
+    return token if _TOKEN.fullmatch(token) else ""
 
 
 @web.middleware

@@ -35,6 +35,7 @@ from broker.ngsi.errors import NotServed, PartialUpdate
 from broker.ngsi.front import ORION_VERSION, NgsiFront
 from broker.ngsi.reads import Reads
 from broker.ngsi.request import (
+    auth_token_of,
     correlator_of,
     json_response,
     options_of,
@@ -213,13 +214,14 @@ class _Routes:
             upsert=upsert,
         )
 
-    async def _apply(self, intent: Intent) -> Applied:
-        """Apply one write at the store, publish what it did, answer its error if any."""
+    async def _apply(self, request: web.Request, intent: Intent) -> Applied:
+        """Apply one write at the store, publish what it did (with the request's
+        X-Auth-Token, for its notifications), answer its error if any."""
         (applied,) = await self.front.entities.apply([intent])
         if applied.change is None:
             assert applied.error is not None, "a write without change failed"
             raise applied.error
-        await self.front.publish([applied])
+        await self.front.publish([applied], auth_token_of(request))
         if applied.error is not None:
             raise applied.error
         return applied
@@ -231,7 +233,7 @@ class _Routes:
         named = (tenant_of(request), service_path_of(request), entity_id, entity_type)
         upsert = "upsert" in options
         mode = Mode.UPSERT if upsert else Mode.CREATE
-        await self._apply(self._intent(request, named, mode, attributes))
+        await self._apply(request, self._intent(request, named, mode, attributes))
         status = 204 if upsert else 201
         return web.Response(status=status, headers={"Location": _location(entity_id, entity_type)})
 
@@ -240,7 +242,7 @@ class _Routes:
         body = await read_json(request)
         attributes = parse_attributes(body, key_values="keyValues" in options)
         named = self._named(request, request.match_info["id"])
-        await self._apply(self._intent(request, named, mode, attributes))
+        await self._apply(request, self._intent(request, named, mode, attributes))
         return web.Response(status=204)
 
     async def append_attributes(self, request: web.Request) -> web.Response:
@@ -259,7 +261,9 @@ class _Routes:
         name = request.match_info["attr"]
         attribute = parse_attribute(name, body, key_values=False)
         named = self._named(request, request.match_info["id"])
-        await self._apply(self._intent(request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute}))
+        await self._apply(
+            request, self._intent(request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute})
+        )
         return web.Response(status=204)
 
     async def replace_value(self, request: web.Request) -> web.Response:
@@ -287,7 +291,7 @@ class _Routes:
         intent = self._intent(
             request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute}, value_only=True
         )
-        await self._apply(intent)
+        await self._apply(request, intent)
         return web.Response(status=204)
 
     async def _type_of(self, named: Named, name: str) -> str | None:
@@ -302,14 +306,14 @@ class _Routes:
 
     async def delete_entity(self, request: web.Request) -> web.Response:
         named = self._named(request, request.match_info["id"])
-        await self._apply(self._intent(request, named, Mode.DELETE_ENTITY, {}))
+        await self._apply(request, self._intent(request, named, Mode.DELETE_ENTITY, {}))
         return web.Response(status=204)
 
     async def delete_attribute(self, request: web.Request) -> web.Response:
         name = request.match_info["attr"]
         check_identifier(name, "attribute name")
         named = self._named(request, request.match_info["id"])
-        await self._apply(self._intent(request, named, Mode.DELETE_ATTRIBUTES, {name: {}}))
+        await self._apply(request, self._intent(request, named, Mode.DELETE_ATTRIBUTES, {name: {}}))
         return web.Response(status=204)
 
     async def batch_update(self, request: web.Request) -> web.Response:
@@ -365,7 +369,7 @@ class _Routes:
         results = await self.front.entities.apply(intents)
         applied = [r for r in results if r.change is not None]
         errors = [r.error for r in results if r.error is not None]
-        await self.front.publish(applied)
+        await self.front.publish(applied, auth_token_of(request))
         if not errors:
             return
         refused = [e for e in errors if isinstance(e, InvalidInput)]

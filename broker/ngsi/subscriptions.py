@@ -7,7 +7,10 @@ what the matchers get (:meth:`HttpSubscription.spec`: entities, scope, q, mq, ex
 what only the front uses (alteration types, condition attributes, the notification fields,
 the status keeping of section 5). Condition attributes are not sent to the matchers: the
 front publishes whole entities, so "carries the attribute" says nothing; whether a condition
-attribute *changed* is decided here (:mod:`broker.ngsi.change`).
+attribute *changed* is decided here (:mod:`broker.ngsi.change`). So is a geographical
+condition (``expression.georel``, ``geometry``, ``coords``: :mod:`broker.store.geo`, parsed
+once into :attr:`Parsed.geo`): the matchers know nothing of locations, and the front has the
+whole entity after the update (:mod:`broker.ngsi.firing`).
 
 Status transitions (``status``):
 
@@ -40,6 +43,8 @@ from broker.ngsi.change import Alteration
 from broker.ngsi.errors import NotServed
 from broker.ngsi.http_client import check_header
 from broker.ngsi.retry import window_problem
+from broker.ngsi.templates import compile_json, compile_ngsi, compile_text, has_macro
+from broker.store.geo import GeoFilter, parse_geo
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import add_selectors
 
@@ -85,6 +90,8 @@ _NOTIFICATION_READ_ONLY = frozenset(
     }
 )
 _CHANNELS = frozenset({"http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom"})
+_CUSTOM = frozenset({"url", "headers", "qs", "method", "timeout", "payload", "json", "ngsi"})
+_BODIES = ("payload", "json", "ngsi")  # httpCustom's templates of the body: one at most
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_ALTERATIONS: tuple[Alteration, ...] = (Alteration.CREATE, Alteration.CHANGE)
 # the moments a datetime can show (an ISO 8601 offset takes a date past them)
@@ -128,7 +135,10 @@ def _text(value: Any, what: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Channel:
-    """Where and how notifications go (``http`` or ``httpCustom``)."""
+    """Where and how notifications go (``http`` or ``httpCustom``). ``url``, the header and
+    ``qs`` values may hold macros (:mod:`broker.ngsi.templates`); ``body`` is httpCustom's
+    template of the body, if it has one: ``("payload", text or None)``, ``("json", object or
+    array)`` or ``("ngsi", entity fragment)``, as given."""
 
     custom: bool
     url: str
@@ -136,6 +146,13 @@ class Channel:
     method: str = "POST"
     headers: tuple[tuple[str, str], ...] = ()
     qs: tuple[tuple[str, str], ...] = ()
+    body: tuple[str, Any] | None = None
+
+    def templated(self) -> bool:
+        """Tell whether the URL, a header or a ``qs`` value holds a macro (the request's
+        line and headers are then made per notification, not once)."""
+        texts = (self.url, *(v for _k, v in self.headers), *(v for _k, v in self.qs))
+        return any(has_macro(t) for t in texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +178,10 @@ class Parsed:
     throttling: float
     retry_window: float | None = None  # seconds (Silbo's own); None: the cluster's
     metadata: tuple[str, ...] = ()  # notification.metadata: the metadata notified
+    # subject.condition.expression's georel, geometry and coords, parsed once: checked by
+    # the front on the whole entity after the update (broker.ngsi.firing), the matchers
+    # knowing nothing of locations
+    geo: GeoFilter | None = None
 
 
 def _retry_window(value: Any) -> float | None:
@@ -191,9 +212,12 @@ def _selectors(entities: Any) -> tuple[EntitySelector, ...]:
     return tuple(selectors)
 
 
-def _condition(value: Any) -> tuple[tuple[str, ...], str, str, tuple[Alteration, ...], bool]:
+Condition = tuple[tuple[str, ...], str, str, tuple[Alteration, ...], bool, GeoFilter | None]
+
+
+def _condition(value: Any) -> Condition:
     if value is None:
-        return (), "", "", _DEFAULT_ALTERATIONS, True
+        return (), "", "", _DEFAULT_ALTERATIONS, True, None
     condition = _object(value, "subject.condition", _CONDITION)
     if not condition:
         raise InvalidSubscription("subject.condition must not be empty")
@@ -203,12 +227,14 @@ def _condition(value: Any) -> tuple[tuple[str, ...], str, str, tuple[Alteration,
     for name in attrs:
         check_identifier(name, "condition attribute")
     q = mq = ""
+    geo = None
     if "expression" in condition:
         expression = _object(condition["expression"], "subject.condition.expression", _EXPRESSION)
-        if any(k in expression for k in ("georel", "geometry", "coords")):
-            raise NotServed("geographical subscriptions (georel, geometry, coords) are not served")
-        q = _text(expression.get("q", ""), "subject.condition.expression.q")
-        mq = _text(expression.get("mq", ""), "subject.condition.expression.mq")
+        q, mq, georel, geometry, coords = (
+            _text(expression.get(k, ""), f"subject.condition.expression.{k}")
+            for k in ("q", "mq", "georel", "geometry", "coords")
+        )
+        geo = parse_geo(georel or None, geometry or None, coords or None)
     alterations = _DEFAULT_ALTERATIONS
     if "alterationTypes" in condition:
         names = _strings(condition["alterationTypes"], "subject.condition.alterationTypes")
@@ -220,7 +246,7 @@ def _condition(value: Any) -> tuple[tuple[str, ...], str, str, tuple[Alteration,
     on_metadata = _bool(
         condition.get("notifyOnMetadataChange", True), "subject.condition.notifyOnMetadataChange"
     )
-    return attrs, q, mq, alterations, on_metadata
+    return attrs, q, mq, alterations, on_metadata, geo
 
 
 def _timeout(value: Any, what: str) -> float:
@@ -267,23 +293,68 @@ def _channel(notification: dict[str, Any], allow: AllowList) -> Channel:
         url = _text(http.get("url"), "notification.http.url")
         allow.check_url(url, "notification.http.url")
         return Channel(False, url, _timeout(http.get("timeout"), "notification.http.timeout"))
-    keys = frozenset({"url", "headers", "qs", "method", "timeout", "payload", "json", "ngsi"})
-    custom = _object(notification["httpCustom"], "notification.httpCustom", keys)
-    if any(k in custom for k in ("payload", "json", "ngsi")):
-        raise NotServed("httpCustom payload, json and ngsi templates are not served by Silbo")
+    custom = _object(notification["httpCustom"], "notification.httpCustom", _CUSTOM)
     url = _text(custom.get("url"), "notification.httpCustom.url")
+    _url_template(url, "notification.httpCustom.url")
     allow.check_url(url, "notification.httpCustom.url")
     method = _text(custom.get("method", "POST"), "notification.httpCustom.method").upper()
     if method not in _METHODS:
         raise InvalidSubscription(f"notification.httpCustom.method {method!r} is not a method")
+    headers = _headers(custom.get("headers"), "notification.httpCustom.headers")
+    qs = _pairs(custom.get("qs"), "notification.httpCustom.qs")
+    for key, value in headers:
+        compile_text(value, f"notification.httpCustom.headers.{key}")
+    for key, value in qs:
+        compile_text(value, f"notification.httpCustom.qs.{key}")
     return Channel(
         True,
         url,
         _timeout(custom.get("timeout"), "notification.httpCustom.timeout"),
         method,
-        _headers(custom.get("headers"), "notification.httpCustom.headers"),
-        _pairs(custom.get("qs"), "notification.httpCustom.qs"),
+        headers,
+        qs,
+        _body(custom),
     )
+
+
+def _url_template(url: str, what: str) -> None:
+    """Check the macros of a URL: plain names, and none before its path (the allow-list
+    judges the host when the subscription is created: a macro there could send the
+    notifications anywhere)."""
+    if not has_macro(url):
+        return
+    compile_text(url, what)
+    scheme_end = url.find("://")
+    start = scheme_end + 3 if scheme_end >= 0 else 0
+    ends = [i for i in (url.find(c, start) for c in "/?#") if i >= 0]
+    authority_end = min(ends) if ends else len(url)
+    if url.find("${") < authority_end:
+        raise InvalidSubscription(
+            f"{what}: a macro cannot be in the URL's scheme, host or port (only in its path "
+            "and query), so that the notification allow-list can judge the host"
+        )
+
+
+def _body(custom: dict[str, Any]) -> tuple[str, Any] | None:
+    """httpCustom's template of the body (validated, as given), or None (the normal body)."""
+    given = [k for k in _BODIES if k in custom]
+    if len(given) > 1:
+        raise InvalidSubscription(
+            "only one of payload, json or ngsi fields accepted at the same time in httpCustom"
+        )
+    if not given:
+        return None
+    kind = given[0]
+    value = custom[kind]
+    what = f"notification.httpCustom.{kind}"
+    if kind == "payload":
+        if value is not None:
+            compile_text(_text(value, what), what)
+    elif kind == "json":
+        compile_json(value, what)
+    else:
+        compile_ngsi(value, what)
+    return kind, value
 
 
 def parse_document(body: Any, allow: AllowList) -> Parsed:
@@ -299,7 +370,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     if "entities" not in subject:
         raise InvalidSubscription("subject.entities is missing")
     selectors = _selectors(subject["entities"])
-    condition_attrs, q, mq, alterations, on_metadata = _condition(subject.get("condition"))
+    condition_attrs, q, mq, alterations, on_metadata, geo = _condition(subject.get("condition"))
     if "notification" not in document:
         raise InvalidSubscription("notification is missing")
     notification = _object(
@@ -356,6 +427,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
         float(throttling),
         _retry_window(notification.get("retryWindow")),
         metadata,
+        geo,
     )
 
 

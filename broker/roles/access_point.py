@@ -74,6 +74,7 @@ class _Request:
     waiting: set[str]  # matchers yet to acknowledge
     ids: list[str] = field(default_factory=list)
     error: pb.Error | None = None
+    replaced: dict[str, int] = field(default_factory=dict)  # id -> the handle it had
 
 
 class AccessPoint(wire_grpc.AccessPointServicer):
@@ -433,13 +434,18 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             return
         pending.waiting.discard(matcher)
         pending.ids.extend(ack.ids)
+        for subscription_id, old in zip(ack.ids, ack.replaced, strict=False):
+            if old:
+                pending.replaced[subscription_id] = old
         if ack.HasField("error") and ack.error.code and pending.error is None:
             pending.error = ack.error
         if pending.waiting:
             return
         del self._requests[ack.request]
         # each holder of a subscription answers for it: one id each
-        reply = wire.RequestAck(request=pending.request, ids=list(dict.fromkeys(pending.ids)))
+        ids = list(dict.fromkeys(pending.ids))
+        replaced = [pending.replaced.get(i, 0) for i in ids]
+        reply = wire.RequestAck(request=pending.request, ids=ids, replaced=replaced)
         if pending.error is not None:
             reply.error.CopyFrom(pending.error)
         pending.replies.put_nowait(reply)

@@ -25,6 +25,13 @@ When a connection-point scale retires this one, it hands over: publishers are an
 ``Moved`` event; a client subscribes again at the new connection point (replace), sends
 ``Release``, and its old session ends once a fence shows every notification matched before
 the take-over was sent on it (docs/protocol.md).
+
+When a connection point dies instead (docs/failures.md), its publishers send again through
+another one what was not acknowledged, with their incarnation: the copy of a batch already
+delivered is dropped where it arrives (``Seen``, by publisher, incarnation and sequence). Its
+clients resume their sessions at another one (``Subscribe.resume``): once their
+subscriptions are placed, a fence, then what the exit points kept for the old handles is put
+on the session, before the acknowledgement (broker/roles/session_resume.py).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from broker.errors import (
 from broker.model.identifiers import check_tenant
 from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
 from broker.ngsi.request import dumps
+from broker.roles import session_resume
 from broker.roles.store_client import StoreClient
 from broker.roles.stored_publish import through_store
 from broker.runtime.answers import answered
@@ -187,6 +195,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._config: ConfigurationView | None = None
         self._scale: ScaleView | None = None
         self._connection_points: Peers | None = None
+        self._exit_points: Peers | None = None  # asked to replay resumed sessions
         self._open = asyncio.Event()  # cleared while traffic moves to another access point
         self._open.set()
         self._moving = False
@@ -248,6 +257,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._config.on_change(self._choose_access_point)
         self._config.on_change(self._follow_repairs)
         self._connection_points = Peers(context.zk, "connection-point", context.loop)
+        self._exit_points = Peers(context.zk, "exit-point", context.loop)
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._follow_scale)
         self._choose_access_point()
@@ -263,7 +273,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         for session in list(self._sessions.values()):
             session.code = grpc.StatusCode.UNAVAILABLE
             self._end(session, "the connection point is stopping")
-        for watched in (self._access_points, self._config, self._connection_points, self._scale):
+        watching = (self._access_points, self._config, self._connection_points, self._scale)
+        for watched in (*watching, self._exit_points):
             if watched is not None:
                 watched.stop()
         self._outbox.fail_all("the connection point is stopping; publish again elsewhere")
@@ -384,7 +395,9 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             objs = [normalize_entity(entity) for entity in entities]
         if entities:
             number = self._outbox.number()
-            payload = self._packed(entities, objs, publisher, sequences, number)
+            payload = self._packed(
+                entities, objs, (publisher, request.incarnation), sequences, number
+            )
             link = await self._access_point()
             delivered = self._outbox.keep(number, payload, len(entities))
             self._ctx().metrics.retained.set(len(self._outbox))
@@ -460,18 +473,21 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self,
         entities: Sequence[pb.Entity],
         objs: list[Any],
-        publisher: str,
+        publisher: tuple[str, int],
         sequences: Sequence[int],
         number: int,
     ) -> bytes:
-        """The routable batch of checked entities (``number``: its outbox number)."""
+        """The routable batch of checked entities (``publisher``: its name and incarnation;
+        ``number``: its outbox number)."""
+        name, incarnation = publisher
         updates = wire.Updates(
             entities=[entity.SerializeToString() for entity in entities],
-            publishers=[publisher] * len(entities),
+            publishers=[name] * len(entities),
             sequences=sequences,
             matchable=packb(objs),
             origin=self._number if number else 0,
             origin_batch=number,
+            incarnation=incarnation,
         )
         return _routable(wire.Batch(updates=updates), "publish smaller batches")
 
@@ -544,10 +560,22 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         request: int,
         subscribe: pb.Subscribe,
         placed: Callable[[list[int]], None] | None = None,
+        adopt: bool = False,
     ) -> pb.SessionAck:
+        """Place ``subscribe``'s subscriptions for ``session`` (``placed``: told their handles
+        before the matchers can match under them). ``Subscribe.resume`` names old handles whose
+        kept deliveries are replayed (a gRPC client resuming its session); ``adopt`` replays
+        what never reached the connection point of the handles the placements replaced (the
+        HTTP front adopting a dead front's subscriptions: docs/failures.md)."""
         placements = []
         ids: list[str] = []
         handles: list[int] = []
+        resume = list(subscribe.resume)
+        if resume and len(resume) != len(subscribe.subscriptions):
+            raise InvalidInput(
+                f"resume names {len(resume)} handles for {len(subscribe.subscriptions)} "
+                "subscriptions; give one per subscription (0: none) or none"
+            )
         for i, spec in enumerate(subscribe.subscriptions):
             subscription_id = spec.id or uuid.uuid4().hex[:24]
             if subscription_id in ids:
@@ -583,7 +611,34 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             return pb.SessionAck(request=request, error=ack.error)
         session.subscriptions.update(zip(ids, handles, strict=True))
         session.placements.update(zip(ids, placements, strict=True))
+        if adopt:
+            # the ack names each id once, with the handle its placement replaced (0: none)
+            olds = zip(ack.replaced, ack.ids, strict=False)
+            new_of = {old: session.subscriptions[i] for old, i in olds if old}
+            if new_of:
+                await self._resume(session, new_of, unreached_only=True)
+        elif any(resume):
+            new_of = {old: new for old, new in zip(resume, handles, strict=True) if old}
+            await self._resume(session, new_of)
         return pb.SessionAck(request=request, ids=ids, handles=handles)
+
+    async def _resume(
+        self, session: _Session, new_of: dict[int, int], unreached_only: bool = False
+    ) -> None:
+        """Put on ``session`` what the exit points kept for the old handles of ``new_of``
+        (old handle -> new), once a fence shows it is complete (broker/roles/session_resume.py;
+        ``unreached_only``: what never reached the old connection point)."""
+        await self._fence(await self._access_point())
+        assert self._exit_points is not None
+        replayed = 0
+        sessions = session_resume.old_sessions(new_of)
+        async for batch in session_resume.replayed(
+            list(self._exit_points.members), sessions, new_of, unreached_only
+        ):
+            replayed += len(batch.handles) // 8
+            await session.events.put(wire.SessionEventOut(notifications=batch))
+        _log.info("resumed %d subscriptions: %d notifications replayed", len(new_of), replayed)
+        self._ctx().metrics.items_out.labels(kind="replayed").inc(replayed)
 
     async def _unsubscribe(
         self, session: _Session, request: int, unsubscribe: pb.Unsubscribe
@@ -749,7 +804,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
 
     def _deliver(self, deliveries: wire.Deliveries) -> None:
         publisher = deliveries.publishers[0] if deliveries.publishers else ""
-        if not self._seen.fresh(deliveries.origin, publisher, deliveries.origin_batch):
+        last = max(deliveries.sequences, default=0)
+        if not self._seen.fresh(
+            deliveries.origin, publisher, deliveries.origin_batch, deliveries.incarnation, last
+        ):
             self._ctx().metrics.items_in.labels(kind="duplicate_batch").inc()
             return  # sent again after a failure, and handed over here before it
         handles = np.frombuffer(deliveries.handles, dtype="<u8")
@@ -769,6 +827,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 sequences=[deliveries.sequences[i] for i in rows],
                 entity_index=index.astype("<u4").tobytes(),
                 handles=handles[chosen].tobytes(),
+                incarnation=deliveries.incarnation,
             )
             try:
                 session.events.put_nowait(wire.SessionEventOut(notifications=batch))
@@ -1054,6 +1113,8 @@ class _FrontPort:
                 read_timeout=options.http_read_timeout,
                 retry_window=options.retry_window,
                 count=lambda outcome, n: context.metrics.notifications.labels(outcome).inc(n),
+                cors_origin=options.cors_origin,
+                cors_max_age=options.cors_max_age,
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
             self._cp.entities,
@@ -1087,9 +1148,11 @@ class _FrontPort:
         *,
         replace: bool,
         placed: Callable[[list[int]], None] | None = None,
+        adopt: bool = False,
     ) -> list[int]:
         subscribe = pb.Subscribe(subscriptions=specs, replace=replace)
-        ack = await self._cp._subscribe(self._session, next(self._requests), subscribe, placed)
+        number = next(self._requests)
+        ack = await self._cp._subscribe(self._session, number, subscribe, placed, adopt)
         _raise_for(ack)
         return list(ack.handles)
 

@@ -39,7 +39,10 @@ replicas the dead one's matches for batches in flight are lost with it), and a f
 copies of the live ones. The line of a dead access point is closed ``LINE_GRACE`` seconds
 after its repair (what the matchers had of it has reached us by then): its complete batches
 are delivered, the incomplete ones (some matcher never got them) dropped and counted as
-lost.
+lost. Every delivery is also kept for a while per connection point (the last seconds; all
+since it became unreachable, for ``--session-grace``), so that a client whose connection
+point died can resume its session at another one, which asks for it (``Replay``:
+broker/runtime/retained.py).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from broker.runtime.handles import connection_points_of
 from broker.runtime.link import Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
+from broker.runtime.retained import Retained
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.streams import DELIVER
@@ -100,6 +104,7 @@ class _Pending:
     origin: int = 0  # the connection point that took the batch in (0: none to tell)
     origin_batch: int = 0
     completer: int = 0  # the exit point that tells it the batch is delivered
+    incarnation: int = 0  # the publisher's (Updates.incarnation)
     reported: set[str] = field(default_factory=set)
     partials: list[wire.Partial] = field(default_factory=list)
 
@@ -128,6 +133,8 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._tasks: set[asyncio.Task[None]] = set()
         self._timers: dict[str, asyncio.TimerHandle] = {}  # access point -> straggler wait
         self._suspects: set[str] = set()  # matchers batches went out without (see the doc)
+        self._retained = Retained()  # for sessions resumed elsewhere (the module doc)
+        self._sweeper: asyncio.Task[None] | None = None
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_ExitPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -145,9 +152,13 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._matchers.on_change(self._check_drained)  # a dead one is not waited for
         self._scale = ScaleView(context.zk, context.loop)
         self._scale.on_change(self._check_drained)
+        self._retained.grace = context.options.session_grace
         self._sync_links()
+        self._sweeper = context.loop.create_task(self._sweep_retained())
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for watched in (
             self._config,
             self._connection_points,
@@ -210,6 +221,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 partial.origin,
                 partial.origin_batch,
                 partial.completer,
+                partial.incarnation,
             )
         pending.reported.add(matcher)
         if partial.items:
@@ -518,14 +530,45 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 handles=all_handles[chosen].astype("<u8").tobytes(),
                 origin=pending.origin,
                 origin_batch=pending.origin_batch,
+                incarnation=pending.incarnation,
             )
+            data = wire.Handoff(deliveries=deliveries).SerializeToString()
+            self._retained.keep(int(target), deliveries, len(data), time.monotonic())
             link = self._links.get(int(target))
-            if link is None or not await link.send(
-                wire.Handoff(deliveries=deliveries).SerializeToString()
-            ):
+            reached = link is not None and await link.send(data)
+            self._retained.sent(int(target), reached, time.monotonic())
+            if not reached:  # kept: a client resuming its session elsewhere gets it
                 ctx.metrics.items_out.labels(kind="undeliverable").inc(int(chosen.sum()))
                 continue
             ctx.metrics.items_out.labels(kind="notification").inc(int(chosen.sum()))
+
+    # -- sessions resumed elsewhere (broker/runtime/retained.py) ----------------------------
+
+    async def Replay(
+        self,
+        request: wire.ReplayRequest,
+        context: grpc.aio.ServicerContext[wire.ReplayRequest, wire.Deliveries],
+    ) -> AsyncIterator[wire.Deliveries]:
+        """What was kept for one session of a connection point, in order."""
+        replayed = 0
+        for deliveries in self._retained.replay(
+            request.connection_point, request.session, request.unreached_only
+        ):
+            replayed += len(deliveries.entity_index)
+            yield deliveries
+        _log.info(
+            "replayed %d notifications of session %d of connection point %d",
+            replayed,
+            request.session,
+            request.connection_point,
+        )
+        self._ctx().metrics.items_out.labels(kind="replayed").inc(replayed)
+
+    async def _sweep_retained(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._retained.sweep()
+            self._ctx().metrics.retained.set(len(self._retained))
 
     def _sync_links(self) -> None:
         if self._connection_points is None:

@@ -136,10 +136,14 @@ class Matcher(wire_grpc.MatcherServicer):
             self._offload.start()
 
     def _forget_departed(self) -> None:
-        """Drop the subscriptions of connection points that left (their sessions are gone).
+        """Drop the subscriptions of connection points that left, ``--session-grace`` seconds
+        after they left (their sessions are gone).
 
         A connection point that stops cleanly unsubscribes its sessions itself; one that dies
-        cannot, and its member znode disappears when its ZooKeeper session ends.
+        cannot, and its member znode disappears when its ZooKeeper session ends. Until the
+        grace ends its subscriptions are still matched, so that the exit points keep what they
+        would have delivered: a client resuming its session at another connection point
+        takes its subscriptions over (same ids, new handles) and gets that (docs/failures.md).
         """
         assert self._connection_points is not None
         live = set(self._connection_points.by_sequence)
@@ -148,6 +152,11 @@ class Matcher(wire_grpc.MatcherServicer):
         if not departed:
             return
         self._seen_connection_points -= departed
+        grace = self._ctx().options.session_grace
+        self._ctx().loop.call_later(grace, self._drop_departed, departed)
+
+    def _drop_departed(self, departed: set[int]) -> None:
+        """Drop what the connection points ``departed`` still hold (not taken over)."""
         orphans = [i for i, h in self._handle_of.items() if connection_point_of(h) in departed]
         for subscription_id in orphans:
             self._engine.remove(subscription_id)
@@ -211,6 +220,7 @@ class Matcher(wire_grpc.MatcherServicer):
 
     def _subscribe(self, subscriptions: wire.Subscriptions) -> wire.RequestAck:
         ids = []
+        replaced = []
         try:
             decoded = [
                 (p.handle, unpack_subscription(p.subscription)) for p in subscriptions.placements
@@ -219,14 +229,16 @@ class Matcher(wire_grpc.MatcherServicer):
                 if subscription.id in self._engine and not subscriptions.replace:
                     raise AlreadyExists(f"subscription id {subscription.id!r} is taken")
             for handle, subscription in decoded:
+                old = self._handle_of.get(subscription.id, handle)
                 self._engine.add(subscription)
                 self._remember(subscription.id, handle)
                 ids.append(subscription.id)
+                replaced.append(0 if old == handle else old)
         except SilboError as exc:
             return self._refusal(subscriptions.request, exc)
         self._ctx().metrics.subscriptions.set(len(self._engine))
         self._schedule_compaction()
-        return wire.RequestAck(request=subscriptions.request, ids=ids)
+        return wire.RequestAck(request=subscriptions.request, ids=ids, replaced=replaced)
 
     def _schedule_compaction(self, delay: float = COMPACT_AFTER) -> None:
         """Build the indexes of new subscriptions soon, rather than in the first match.
@@ -413,6 +425,7 @@ class Matcher(wire_grpc.MatcherServicer):
             partial.epoch = updates.epoch
             partial.origin = updates.origin
             partial.origin_batch = updates.origin_batch
+            partial.incarnation = updates.incarnation
             partial.completer = updates.exit_points[0]  # one publisher per batch
             await link.send(wire.Gather(partial=partial).SerializeToString())
 

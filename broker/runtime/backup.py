@@ -110,21 +110,38 @@ class Outbox:
 
 
 class Seen:
-    """Per (origin, publisher), the highest batch number handed over here."""
+    """Per (origin, publisher), the highest batch number handed over here; per (publisher,
+    incarnation), the highest sequence.
+
+    The first tells a copy that one connection point sent again after a failure behind it.
+    The second tells a copy that the publisher itself sent again through another connection
+    point after its first one died: that copy has a new origin and number, but the same
+    sequences, and a publisher's sequences of one incarnation arrive here in order whatever
+    the path (a copy is sent again only after the batches before it, and the batches after
+    it are sent after it), so one number per incarnation tells a copy from a new batch.
+    """
 
     def __init__(self) -> None:
         self._last: dict[tuple[int, str], int] = {}
+        self._sequences: dict[tuple[str, int], int] = {}
 
     def __len__(self) -> int:
-        return len(self._last)
+        return len(self._last) + len(self._sequences)
 
-    def fresh(self, origin: int, publisher: str, batch: int) -> bool:
-        """True (and remembered) the first time a batch comes; False for a copy. Batches
-        that carry no number (0) are always fresh."""
-        if not batch:
-            return True
-        key = (origin, publisher)
-        if batch <= self._last.get(key, 0):
-            return False
-        self._last[key] = batch
+    def fresh(
+        self, origin: int, publisher: str, batch: int, incarnation: int = 0, last: int = 0
+    ) -> bool:
+        """True (and remembered) the first time a batch comes; False for a copy. A batch
+        that carries no number (0) is fresh by its origin; one whose publisher gave no
+        incarnation (0) is fresh by its sequences (``last``: its highest)."""
+        if batch:
+            key = (origin, publisher)
+            if batch <= self._last.get(key, 0):
+                return False
+            self._last[key] = batch
+        if incarnation:
+            run = (publisher, incarnation)
+            if last <= self._sequences.get(run, 0):
+                return False
+            self._sequences[run] = last
         return True

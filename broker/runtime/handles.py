@@ -22,6 +22,7 @@ __all__ = [
     "connection_point_of",
     "connection_points_of",
     "make_handle",
+    "session_of",
     "sessions_of",
 ]
 
@@ -46,6 +47,11 @@ def connection_point_of(handle: int) -> int:
 def connection_points_of(handles: Handles) -> Handles:
     """The connection point of each handle."""
     return handles >> np.uint64(48)
+
+
+def session_of(handle: int) -> int:
+    """The session number of one handle (on its connection point)."""
+    return (handle >> 24) & _MASK24
 
 
 def sessions_of(handles: Handles) -> Handles:

@@ -54,7 +54,8 @@ class ProcessMetrics:
         self.subscriptions = Gauge("silbo_subscriptions", "subscriptions held", registry=r)
         self.retained = Gauge(
             "silbo_retained_batches",
-            "batches of updates kept until delivered, to send again after a failure",
+            "batches kept to send again after a failure (updates until delivered; at exit "
+            "points, deliveries kept for sessions resumed elsewhere)",
             registry=r,
         )
         self.notifications = Counter(

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 
 from broker.addresses import parse_address
 from broker.errors import InvalidInput
+from broker.ngsi.cors import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
+# seconds a dead connection point's sessions can be resumed: its deliveries are kept that
+# long once it became unreachable, and the matchers match its subscriptions that long after
+# it left (--session-grace; broker/runtime/retained.py)
+SESSION_GRACE = 30.0
+MAX_SESSION_GRACE = 3600.0  # seconds: what is kept for a dead connection point is bounded
 PEER_HANG_AFTER = 5.0  # seconds without an answer before the repairer declares a member dead
 
 __all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "parse_address"]
@@ -43,8 +49,13 @@ class ProcessOptions:
     ``http_read_timeout`` how long (seconds) an HTTP client may take to send a request's
     head or body (and stay idle between requests).
     ``retry_window`` how long (seconds) an HTTP notification is retried for, by default.
+    ``cors_origin`` the origin the HTTP front allows cross-origin requests from (``__ALL``:
+    any; '' for no CORS), ``cors_max_age`` how long (seconds) a browser may keep the
+    answer to a preflight (broker.ngsi.cors).
     ``spark_offload`` makes a matcher match batches of at least that many updates on Spark
     (0: never), on ``spark_master`` ('' for local; docs/spark.md).
+    ``session_grace``: how long (seconds) a dead connection point's client sessions can be
+    resumed at another one (matchers and exit points; broker/runtime/retained.py).
     ``peer_hang_after``: while this process is the elected repairer, a member that leaves
     ``Admin.Status`` unanswered that long (seconds) is declared dead (0: never;
     broker.runtime.liveness).
@@ -67,9 +78,12 @@ class ProcessOptions:
     status_flush: float = 10.0
     http_read_timeout: float = 30.0
     retry_window: float = DEFAULT_WINDOW
+    cors_origin: str = ""
+    cors_max_age: int = DEFAULT_MAX_AGE
     spark_offload: int = 0
     spark_master: str = ""
     peer_hang_after: float = PEER_HANG_AFTER
+    session_grace: float = SESSION_GRACE
     store_dir: str = ""
     store_id: str = ""
     store_engine: str = ""
@@ -107,6 +121,7 @@ class ProcessOptions:
             )
         if (problem := window_problem(self.retry_window, "--retry-window")) is not None:
             problems.append(problem)
+        problems.extend(cors_problems(self.cors_origin, self.cors_max_age))
         if self.spark_offload < 0:
             problems.append("--spark-offload must not be negative")
         if (self.spark_offload or self.spark_master) and self.role is not Role.MATCHER:
@@ -117,6 +132,11 @@ class ProcessOptions:
             self.role is not Role.CONTEXT_STORE
         ):
             problems.append("--store-dir, --store-id and --store-engine are for context stores")
+        if not 0 <= self.session_grace <= MAX_SESSION_GRACE:
+            problems.append(
+                f"--session-grace must be 0 to {MAX_SESSION_GRACE:g} seconds, "
+                f"not {self.session_grace:g}"
+            )
         if self.peer_hang_after < 0:
             problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
         if self.zk_timeout <= 0:

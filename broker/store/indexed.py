@@ -12,7 +12,8 @@ exactly, and from the documents elsewhere:
   and ``!attr``: exact from the attribute's column, but for the slots whose value the column
   does not hold exactly (arrays, NaN, huge ints: :data:`~broker.store.index.UNSURE`);
 - everything else (other operators and literals, compound paths, ``mq``, id selectors and
-  patterns, ``orderBy``) is a *residual*: the slots the indexed statements leave are decoded
+  patterns, ``orderBy``, a geographical filter: the index keeps no locations) is a
+  *residual*: the slots the indexed statements leave are decoded
   and :func:`~broker.store.query.select` runs on them as on a scan.
 
 Without a residual, the unsure slots are decoded and evaluated, the count is the number of
@@ -89,6 +90,7 @@ def indexed_part(
     residual = bool(
         query.order_by
         or query.filter.mq
+        or query.geo is not None
         or len(indexed) < len(query.filter.q)
         or any(s.id is not None or not _any(s.id_pattern) for s in query.selectors)
     )

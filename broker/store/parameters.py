@@ -16,10 +16,12 @@ front answers as Orion does (400 BadRequest unless said otherwise). Sources: Ori
   ``entities``, each with ``id`` or ``idPattern`` (exactly one, code: parseEntityObject.cpp
   "nor /id/ nor /idPattern/ present") and at most one of ``type`` / ``typePattern``.
 - ``q``, ``mq`` (or ``expression.q`` / ``.mq``): a syntax error is 400 (QuerySyntaxError,
-  InvalidRegex). Geographical queries (``georel``, ``geometry``, ``coords``,
-  ``orderBy=geo:distance``) are not served yet: 422 NotSupportedQuery, the answer the api
-  prescribes for a geographical query an implementation cannot resolve (api: Query
-  Resolution).
+  InvalidRegex).
+- ``georel``, ``geometry``, ``coords`` (or ``expression.georel`` / ``.geometry`` /
+  ``.coords``): a geographical filter, :mod:`broker.store.geo`; what Orion refuses (one
+  without the others, near with another geometry than a point, a polygon not closed...)
+  is 400 InvalidGeoQuery, "Invalid query: ...". ``orderBy=geo:distance`` orders a
+  ``near`` query by distance (400 without ``georel=near``).
 - Paging (code: rest.cpp ``uriArgumentGet``): ``limit`` 1..1000 (default 20) and ``offset``
   from 0, with Orion's descriptions ("Bad pagination limit: /0/ [a value of ZERO is
   unacceptable]", "[max: 1000]", "[must be a decimal number]"); a parameter given empty is
@@ -46,10 +48,18 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from broker.errors import InvalidInput, NotSupportedQuery
+from broker.errors import InvalidInput
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier, check_scope
 from broker.store.entity_types import TypesQuery
-from broker.store.query import DEFAULT_LIMIT, MAX_LIMIT, EntityQuery, Format, Order, Selector
+from broker.store.query import (
+    DEFAULT_LIMIT,
+    GEO_DISTANCE,
+    MAX_LIMIT,
+    EntityQuery,
+    Format,
+    Order,
+    Selector,
+)
 
 __all__ = [
     "MAX_SCOPES",
@@ -91,7 +101,6 @@ def parse_entity_query(
     params: Mapping[str, str], tenant: str, service_path_header: str | None
 ) -> EntityQuery:
     """The query of ``GET /v2/entities`` (InvalidInput, 400, for what Orion refuses)."""
-    _refuse_geo(params)
     ids = _list(params, "id", "entity id")
     types = _list(params, "type", "entity type")
     id_pattern = _param(params, "idPattern")
@@ -119,6 +128,9 @@ def parse_entity_query(
         selectors=selectors,
         q=_param(params, "q") or "",
         mq=_param(params, "mq") or "",
+        georel=_param(params, "georel") or "",
+        geometry=_param(params, "geometry") or "",
+        coords=_param(params, "coords") or "",
         attrs=_attrs(_names_param(params, "attrs", "attribute name"), options),
         metadata=_names_param(params, "metadata", "metadata name"),
         order_by=_order_by(params),
@@ -149,7 +161,6 @@ def parse_query_body(
     unknown = sorted(set(expression) - _EXPRESSION_FIELDS)
     if unknown:
         raise InvalidInput(f"Unrecognized field in /expression/: /{unknown[0]}/")
-    _refuse_geo(expression)
     options = _options(params, _ENTITY_OPTIONS)
     return EntityQuery(
         tenant=tenant,
@@ -157,6 +168,9 @@ def parse_query_body(
         selectors=tuple(_body_selector(e) for e in entities),
         q=_body_text(expression, "q"),
         mq=_body_text(expression, "mq"),
+        georel=_body_text(expression, "georel"),
+        geometry=_body_text(expression, "geometry"),
+        coords=_body_text(expression, "coords"),
         attrs=_attrs(_body_names(body, "attrs", "attribute name"), options),
         metadata=_body_names(body, "metadata", "metadata name"),
         order_by=_order_by(params),
@@ -293,8 +307,9 @@ def _order_by(params: Mapping[str, str]) -> tuple[Order, ...]:
         item = item.strip()
         descending = item.startswith("!")
         name = item[1:] if descending else item
-        if name == "geo:distance":
-            raise NotSupportedQuery("orderBy=geo:distance: geographical queries are not served")
+        if name == GEO_DISTANCE:  # not an attribute name: checked with the query's georel
+            orders.append(Order(name, descending))
+            continue
         orders.append(Order(check_identifier(name, "orderBy field"), descending))
     return tuple(orders)
 
@@ -324,14 +339,6 @@ def _offset(params: Mapping[str, str]) -> int:
 
 def _digits(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= _MAX_DIGITS
-
-
-def _refuse_geo(given: Mapping[str, Any]) -> None:
-    asked = [name for name in _GEO if name in given]
-    if asked:
-        raise NotSupportedQuery(
-            f"geographical queries ({', '.join(asked)}) are not served by Silbo yet"
-        )
 
 
 def _body_selector(entity: Any) -> Selector:

@@ -21,11 +21,16 @@ What matches (api: List Entities, Query operation, Simple Query Language):
   attributes, and as metadata of each attribute in ``mq`` (api: Builtin Attributes,
   Builtin Metadata: "they can be used in q filters and in orderBy", "in mq filters"); a
   DateTime value compares as its epoch seconds, as Orion stores it;
+- ``georel``, ``geometry`` and ``coords``: the entity's location (its first geo-typed
+  attribute) in the relation asked, :mod:`broker.store.geo` (api: Geographical Queries); an
+  entity without a location never matches a geographical query;
 - an expired entity (``dateExpires`` passed) never matches (api: Transient Entities; Orion's
   TTL monitor removes it within a minute, Silbo hides it at once).
 
 Order (api: Ordering Results): ``orderBy`` is a list of ``id``, ``type``, ``dateCreated``,
-``dateModified`` or attribute names, each ascending or (``!``) descending. Without it the
+``dateModified`` or attribute names, each ascending or (``!``) descending; ``geo:distance``
+orders by the distance to a ``near`` query's point (400 without ``georel=near``: there is no
+point to measure from). Without it the
 order is creation order (Orion's default sort is ``creDate``). Ties are broken by
 (dateCreated, id, type, service path), so the order is total and the parts merge exactly.
 An attribute orders by its value as MongoDB sorts ``attrs.<name>.value`` (Orion hands the
@@ -48,17 +53,25 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.errors import AmbiguousEntity, InvalidInput, NotFound, SerializationError
+from broker.errors import (
+    AmbiguousEntity,
+    InvalidGeoQuery,
+    InvalidInput,
+    NotFound,
+    SerializationError,
+)
 from broker.model.attribute import DATE_TYPES, parse_iso8601
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier, scope_matches
 from broker.query.ast import Filter
 from broker.query.evaluate import filter_matches
 from broker.query.parser import parse_filter
 from broker.query.regex import compile_pattern, is_match_all
+from broker.store.geo import GeoFilter, Location, first_location, parse_geo
 from broker.store.semantics import Document
 
 __all__ = [
     "DEFAULT_LIMIT",
+    "GEO_DISTANCE",
     "MAX_LIMIT",
     "MISSING",
     "WIRE_VERSION",
@@ -68,6 +81,7 @@ __all__ = [
     "Page",
     "Part",
     "Selector",
+    "location",
     "match_value",
     "matches",
     "merge",
@@ -78,7 +92,8 @@ __all__ = [
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 1000
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: the geographical parameters (issue 18)
+GEO_DISTANCE = "geo:distance"  # the orderBy field of a near query's distances
 
 MISSING: Any = object()  # match_value of an attribute the document does not have
 
@@ -141,8 +156,10 @@ class EntityQuery:
     """A parsed entity query (see the module doc for each field's rules).
 
     ``scopes``: service paths, exact or ``/a/#``; ``selectors``: any of them (none: every
-    entity); ``q`` / ``mq``: the texts, parsed into :attr:`filter`; ``attrs`` / ``metadata``:
-    None for every user one; ``order_by``: empty for creation order.
+    entity); ``q`` / ``mq``: the texts, parsed into :attr:`filter`; ``georel`` /
+    ``geometry`` / ``coords``: the texts (all empty: no geographical filter), parsed into
+    :attr:`geo`; ``attrs`` / ``metadata``: None for every user one; ``order_by``: empty for
+    creation order.
     """
 
     tenant: str
@@ -150,6 +167,9 @@ class EntityQuery:
     selectors: tuple[Selector, ...] = ()
     q: str = ""
     mq: str = ""
+    georel: str = ""
+    geometry: str = ""
+    coords: str = ""
     attrs: tuple[str, ...] | None = None
     metadata: tuple[str, ...] | None = None
     order_by: tuple[Order, ...] = ()
@@ -158,11 +178,16 @@ class EntityQuery:
     count: bool = False
     format: Format = Format.NORMALIZED
     filter: Filter = field(init=False, repr=False, compare=False)
+    geo: GeoFilter | None = field(init=False, repr=False, compare=False)
     _by_id: Mapping[str, tuple[Selector, ...]] = field(init=False, repr=False, compare=False)
     _patterns: tuple[Selector, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "filter", parse_filter(self.q, self.mq))
+        geo = parse_geo(self.georel or None, self.geometry or None, self.coords or None)
+        object.__setattr__(self, "geo", geo)
+        if any(o.field == GEO_DISTANCE for o in self.order_by) and (geo is None or not geo.near):
+            raise InvalidGeoQuery("orderBy=geo:distance needs a georel=near query")
         by_id: dict[str, list[Selector]] = {}
         for selector in self.selectors:
             if selector.id is not None:
@@ -200,6 +225,7 @@ class EntityQuery:
             "selectors": [[s.id, s.id_pattern, s.type, s.type_pattern] for s in self.selectors],
             "q": self.q,
             "mq": self.mq,
+            "geo": [self.georel, self.geometry, self.coords],
             "attrs": None if self.attrs is None else list(self.attrs),
             "metadata": None if self.metadata is None else list(self.metadata),
             "order_by": [[o.field, o.descending] for o in self.order_by],
@@ -215,12 +241,16 @@ class EntityQuery:
         try:
             if data["v"] != WIRE_VERSION:
                 raise SerializationError(f"entity query of version {data['v']!r}")
+            georel, geometry, coords = _texts(data["geo"], 3)
             return cls(
                 tenant=_text(data["tenant"]),
                 scopes=tuple(_text(s) for s in data["scopes"]),
                 selectors=tuple(Selector(*_optional_texts(s, 4)) for s in data["selectors"]),
                 q=_text(data["q"]),
                 mq=_text(data["mq"]),
+                georel=georel,
+                geometry=geometry,
+                coords=coords,
                 attrs=_names(data["attrs"]),
                 metadata=_names(data["metadata"]),
                 order_by=tuple(Order(_text(f), bool(d)) for f, d in data["order_by"]),
@@ -276,7 +306,16 @@ def matches(document: Document, query: EntityQuery, now: float) -> bool:
         return False
     if not query.selects(document.id, document.type):
         return False
-    return query.filter.empty or filter_matches(query.filter, _Viewed(document))
+    if not (query.filter.empty or filter_matches(query.filter, _Viewed(document))):
+        return False
+    return query.geo is None or query.geo.matches(location(document))
+
+
+def location(document: Document) -> Location | None:
+    """The document's location: its first geo-typed attribute (broker.store.geo)."""
+    return first_location(
+        (a["type"], a["value"], a.get("metadata")) for a in document.attributes.values()
+    )
 
 
 def match_value(document: Document, name: str) -> Any:
@@ -298,7 +337,7 @@ def sort_key(document: Document, query: EntityQuery) -> tuple[Any, ...]:
     dateCreated, id, type and service path)."""
     key: list[Any] = []
     for order in query.order_by:
-        value = _sortable(document, order.field)
+        value = _sortable(document, order.field, query.geo)
         key.append(_Descending(value) if order.descending else value)
     key.extend((document.date_created, document.id, document.type, document.service_path))
     return tuple(key)
@@ -351,6 +390,12 @@ def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
     return value
+
+
+def _texts(values: Any, n: int) -> list[str]:
+    if not isinstance(values, list | tuple) or len(values) != n:
+        raise TypeError(f"expected {n} items, got {values!r}")
+    return [_text(v) for v in values]
 
 
 def _optional_texts(values: Any, n: int) -> list[str | None]:
@@ -445,8 +490,12 @@ class _Viewed(Mapping[str, _AttributeView]):
         return len(self._document.attributes) + 2
 
 
-def _sortable(document: Document, name: str) -> tuple[Any, ...]:
-    """An ``orderBy`` field of the document, as a key MongoDB's order gives."""
+def _sortable(document: Document, name: str, geo: GeoFilter | None) -> tuple[Any, ...]:
+    """An ``orderBy`` field of the document, as a key MongoDB's order gives (``geo:distance``:
+    its distance to a near query's point; a document the query takes has a location)."""
+    if name == GEO_DISTANCE and geo is not None:
+        found = location(document)
+        return (1, geo.distance(found)) if found is not None else (0,)
     if name == "id":
         return (2, document.id)
     if name == "type":

@@ -59,18 +59,20 @@ class Entity(_message.Message):
     def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("batch", "publisher", "first_sequence", "entities", "store")
+    __slots__ = ("batch", "publisher", "first_sequence", "entities", "store", "incarnation")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     batch: int
     publisher: str
     first_sequence: int
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
     store: bool
-    def __init__(self, batch: _Optional[int] = ..., publisher: _Optional[str] = ..., first_sequence: _Optional[int] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., store: _Optional[bool] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, batch: _Optional[int] = ..., publisher: _Optional[str] = ..., first_sequence: _Optional[int] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., store: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -129,12 +131,14 @@ class SubscriptionSpec(_message.Message):
     def __init__(self, id: _Optional[str] = ..., entities: _Optional[_Iterable[_Union[EntitySelector, _Mapping]]] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., condition_attrs: _Optional[_Iterable[str]] = ..., q: _Optional[str] = ..., mq: _Optional[str] = ..., description: _Optional[str] = ..., expires: _Optional[float] = ..., attrs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("subscriptions", "replace")
+    __slots__ = ("subscriptions", "replace", "resume")
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionSpec]
     replace: bool
-    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ..., replace: _Optional[bool] = ...) -> None: ...
+    resume: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionSpec, _Mapping]]] = ..., replace: _Optional[bool] = ..., resume: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Unsubscribe(_message.Message):
     __slots__ = ("ids",)
@@ -179,18 +183,22 @@ class SessionAck(_message.Message):
     def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., handles: _Optional[_Iterable[int]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class NotificationBatch(_message.Message):
-    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles", "replayed", "incarnation")
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
     publishers: _containers.RepeatedScalarFieldContainer[str]
     sequences: _containers.RepeatedScalarFieldContainer[int]
     entity_index: bytes
     handles: bytes
-    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
+    replayed: bool
+    incarnation: int
+    def __init__(self, entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
     __slots__ = ("ack", "notifications", "moved")

@@ -16,7 +16,7 @@ class Hello(_message.Message):
     def __init__(self, sender: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Updates(_message.Message):
-    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable", "gatherers", "origin", "origin_batch")
+    __slots__ = ("first_seq", "epoch", "entities", "publishers", "sequences", "exit_points", "matchable", "gatherers", "origin", "origin_batch", "incarnation")
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Updates(_message.Message):
     GATHERERS_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     first_seq: int
     epoch: int
     entities: _containers.RepeatedScalarFieldContainer[bytes]
@@ -37,7 +38,8 @@ class Updates(_message.Message):
     gatherers: _containers.RepeatedScalarFieldContainer[int]
     origin: int
     origin_batch: int
-    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ..., gatherers: _Optional[_Iterable[int]] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, first_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., exit_points: _Optional[_Iterable[int]] = ..., matchable: _Optional[bytes] = ..., gatherers: _Optional[_Iterable[int]] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("handle", "subscription", "id")
@@ -130,19 +132,21 @@ class Completed(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RequestAck(_message.Message):
-    __slots__ = ("request", "ids", "error", "refused_batches")
+    __slots__ = ("request", "ids", "error", "refused_batches", "replaced")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REFUSED_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
     request: int
     ids: _containers.RepeatedScalarFieldContainer[str]
     error: _client_pb2.Error
     refused_batches: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ..., refused_batches: _Optional[_Iterable[int]] = ...) -> None: ...
+    replaced: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[_client_pb2.Error, _Mapping]] = ..., refused_batches: _Optional[_Iterable[int]] = ..., replaced: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Partial(_message.Message):
-    __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles", "origin", "origin_batch", "completer")
+    __slots__ = ("access_point", "first_seq", "last_seq", "epoch", "items", "entities", "publishers", "sequences", "counts", "handles", "origin", "origin_batch", "completer", "incarnation")
     ACCESS_POINT_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +160,7 @@ class Partial(_message.Message):
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
     COMPLETER_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     access_point: str
     first_seq: int
     last_seq: int
@@ -169,7 +174,8 @@ class Partial(_message.Message):
     origin: int
     origin_batch: int
     completer: int
-    def __init__(self, access_point: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[int]] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ..., completer: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, access_point: _Optional[str] = ..., first_seq: _Optional[int] = ..., last_seq: _Optional[int] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[int]] = ..., entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ..., completer: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Gather(_message.Message):
     __slots__ = ("hello", "partial", "marker")
@@ -182,7 +188,7 @@ class Gather(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., partial: _Optional[_Union[Partial, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ...) -> None: ...
 
 class Deliveries(_message.Message):
-    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles", "origin", "origin_batch")
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles", "origin", "origin_batch", "incarnation")
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +196,7 @@ class Deliveries(_message.Message):
     HANDLES_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_BATCH_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     entities: _containers.RepeatedScalarFieldContainer[bytes]
     publishers: _containers.RepeatedScalarFieldContainer[str]
     sequences: _containers.RepeatedScalarFieldContainer[int]
@@ -197,7 +204,8 @@ class Deliveries(_message.Message):
     handles: bytes
     origin: int
     origin_batch: int
-    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[_Iterable[int]] = ..., handles: _Optional[bytes] = ..., origin: _Optional[int] = ..., origin_batch: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Handoff(_message.Message):
     __slots__ = ("hello", "deliveries", "marker", "completed")
@@ -212,18 +220,32 @@ class Handoff(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., marker: _Optional[_Union[Marker, _Mapping]] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ...) -> None: ...
 
 class NotificationBatchOut(_message.Message):
-    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles")
+    __slots__ = ("entities", "publishers", "sequences", "entity_index", "handles", "replayed", "incarnation")
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHERS_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     ENTITY_INDEX_FIELD_NUMBER: _ClassVar[int]
     HANDLES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     entities: _containers.RepeatedScalarFieldContainer[bytes]
     publishers: _containers.RepeatedScalarFieldContainer[str]
     sequences: _containers.RepeatedScalarFieldContainer[int]
     entity_index: bytes
     handles: bytes
-    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ...) -> None: ...
+    replayed: bool
+    incarnation: int
+    def __init__(self, entities: _Optional[_Iterable[bytes]] = ..., publishers: _Optional[_Iterable[str]] = ..., sequences: _Optional[_Iterable[int]] = ..., entity_index: _Optional[bytes] = ..., handles: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class ReplayRequest(_message.Message):
+    __slots__ = ("connection_point", "session", "unreached_only")
+    CONNECTION_POINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    UNREACHED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    connection_point: int
+    session: int
+    unreached_only: bool
+    def __init__(self, connection_point: _Optional[int] = ..., session: _Optional[int] = ..., unreached_only: _Optional[bool] = ...) -> None: ...
 
 class SessionEventOut(_message.Message):
     __slots__ = ("ack", "notifications", "moved")

@@ -271,12 +271,23 @@ class ExitPointStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.Gather.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Replay = channel.unary_stream(
+                '/broker.wire.ExitPoint/Replay',
+                request_serializer=broker_dot_wire_dot_internal__pb2.ReplayRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.Deliveries.FromString,
+                _registered_method=True)
 
 
 class ExitPointServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Collect(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Replay(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -289,6 +300,11 @@ def add_ExitPointServicer_to_server(servicer, server):
                     servicer.Collect,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.Gather.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
+            ),
+            'Replay': grpc.unary_stream_rpc_method_handler(
+                    servicer.Replay,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.ReplayRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.Deliveries.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +334,33 @@ class ExitPoint:
             '/broker.wire.ExitPoint/Collect',
             broker_dot_wire_dot_internal__pb2.Gather.SerializeToString,
             broker_dot_wire_dot_internal__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Replay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/broker.wire.ExitPoint/Replay',
+            broker_dot_wire_dot_internal__pb2.ReplayRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.Deliveries.FromString,
             options,
             channel_credentials,
             insecure,

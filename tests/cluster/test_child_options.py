@@ -41,3 +41,14 @@ def test_options_survive_cluster_json_and_old_files_read_as_the_defaults() -> No
     assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
     assert ChildOptions.from_dict(None) == ChildOptions()
     assert ChildOptions.from_dict({"log_level": "ERROR", "unknown": 1}).log_level == "ERROR"
+
+
+def test_cors_reaches_the_connection_points_only_when_asked_for() -> None:
+    options = ChildOptions(http_port=0, cors_origin="__ALL", cors_max_age=600)
+    arguments = options.arguments(Role.CONNECTION_POINT, 1)
+    assert arguments[arguments.index("--cors-origin") :][:4] == [
+        *("--cors-origin", "__ALL"),
+        *("--cors-max-age", "600"),
+    ]
+    assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+    assert "--cors-origin" not in ChildOptions(http_port=0).arguments(Role.CONNECTION_POINT, 1)

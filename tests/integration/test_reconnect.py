@@ -32,7 +32,7 @@ def _room(n: int, temperature: float) -> ContextUpdate:
 
 
 def test_a_client_moves_to_the_next_connection_point(start_cluster: StartCluster) -> None:
-    cluster = start_cluster(matchers=2, connection_points=2)
+    cluster = start_cluster(matchers=2, connection_points=2, session_grace=2.0)
     first, second = cluster.endpoints
     pid_of = {p["address"]: p["pid"] for p in cluster.description["processes"]}
     with Client([first, second], timeout=30.0) as client, Client([first]) as bystander:

@@ -157,7 +157,10 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         data = await request.read()
-        body = json.loads(data) if data else None
+        try:
+            body = json.loads(data) if data else None
+        except ValueError:  # a custom notification's text payload
+            body = data.decode()
         got = Notification(
             request.method, request.path, dict(request.query), dict(request.headers), body
         )

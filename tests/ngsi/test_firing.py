@@ -84,3 +84,47 @@ def test_a_subscription_made_inactive_since_is_left_out_and_the_arrays_made_agai
     fired = firing.decide(batch, now=4.0)
     assert fired is not None and fired.numbers == [1, 2]
     assert firing.decide(_batch([Change(Alteration.UPDATE)], [(1, 0)]), now=5.0) is None
+
+
+def test_a_geographical_subscription_fires_only_for_a_location_in_its_relation() -> None:
+    """The whole entity's first geo attribute (not one marked ignoreType) decides."""
+    near = _subscription(
+        1,
+        subject={
+            "condition": {
+                "expression": {
+                    "georel": "near;maxDistance:1000",
+                    "geometry": "point",
+                    "coords": "0,0",
+                }
+            }
+        },
+    )
+    assert near.parsed.geo is not None
+    firing = Firing({near.handle: near})
+
+    def located(*points: tuple[str, dict[str, Any]]) -> bytes:
+        attributes = {
+            f"p{n}": {"type": "geo:point", "value": value, "metadata": metadata}
+            for n, (value, metadata) in enumerate(points)
+        }
+        attributes["name"] = {"type": "Text", "value": "0, 0", "metadata": {}}
+        entity = to_wire("E", "T", "", "/", attributes)
+        return with_change(entity, Change(Alteration.CHANGE, frozenset({"p0"}))).SerializeToString()
+
+    ignored = {"ignoreType": {"type": "Boolean", "value": True}}
+    entities = [
+        located(("0, 0.005", {})),  # 556 m east: inside
+        located(("0, 0.02", {})),  # 2.2 km: outside
+        located(("0, 0.02", ignored), ("0, 0.001", {})),  # the second one is the location
+        located(),  # no location: never
+    ]
+    batch = wire.NotificationBatchOut(
+        entities=entities,
+        handles=np.array([1001] * 4, dtype="<u8").tobytes(),
+        entity_index=np.array([0, 1, 2, 3], dtype="<u4").tobytes(),
+    )
+    fired = firing.decide(batch, now=1.0)
+    assert fired is not None
+    assert [entities.index(fired.entities[i]) for i in fired.indexes] == [0, 2]
+    assert near.times_sent == 2

@@ -468,3 +468,80 @@ def test_builtin_metadata_and_attributes_when_asked(front: Front, receiver: Rece
     for sid, names in ((plain, {"unit", "accuracy"}), (every, {"unit", "accuracy"})):
         last = by_subscription(receiver, sid)[-1]["data"][0]
         assert set(last["t"]["metadata"]) == names  # no builtin unless named
+
+
+def test_custom_payload_json_and_ngsi_with_macros_and_the_auth_token(
+    front: Front, receiver: Receiver
+) -> None:
+    t = tenant()
+    h = {"Fiware-Service": t, "Fiware-ServicePath": "/floor"}
+    rooms = [{"idPattern": "^Room"}]
+
+    def custom(fields: dict[str, Any], **notification: Any) -> dict[str, Any]:
+        return {
+            "subject": {"entities": rooms},
+            "notification": {"httpCustom": fields, **notification},
+        }
+
+    text = {
+        "url": receiver.url("/text/${id}"),
+        "qs": {"t": "${temperature}"},
+        "headers": {"X-Room": "${type}:${servicePath}", "Content-Type": "text/csv"},
+        "payload": "${id},${temperature},${missing},${service},${authToken}",
+    }
+    typed = {
+        "url": receiver.url("/json"),
+        "method": "PUT",
+        "headers": {"X-Auth-Token": ""},  # Orion's way to stop the token's propagation
+        "json": {"room": "${id}", "t": "${temperature}", "label": "T=${temperature}"},
+    }
+    patch = {"url": receiver.url("/ngsi"), "ngsi": {"id": "${id}-copy", "src": {"value": "${id}"}}}
+    sids = [
+        subscribe(front, h, custom(text)),
+        subscribe(front, h, custom(typed)),
+        subscribe(front, h, custom(patch, attrs=["temperature"], attrsFormat="keyValues")),
+        subscribe(front, h, http_subscription(receiver.url("/plain"), rooms)),
+    ]
+    assert get(front, h, sids[0])["notification"]["httpCustom"] == text
+    room = {"id": "Room1", "type": "Room", "temperature": {"value": 21.5}}
+    answer = front.call(
+        "POST", "/v2/entities?options=upsert", room, headers={**h, "X-Auth-Token": "tok-1"}
+    )
+    assert answer.status == 204, answer
+    got = {n.path: n for n in receiver.wait_for(4)}
+    assert sorted(got) == ["/json", "/ngsi", "/plain", "/text/Room1"]
+    one = got["/text/Room1"]
+    assert one.body == f"Room1,21.5,,{t},tok-1"
+    assert (one.query, one.headers["X-Room"]) == ({"t": "21.5"}, "Room:/floor")
+    assert one.headers["Content-Type"] == "text/csv"
+    assert one.headers["Ngsiv2-AttrsFormat"] == "custom"
+    assert one.headers["X-Auth-Token"] == "tok-1"
+    assert got["/json"].method == "PUT"
+    assert got["/json"].body == {"room": "Room1", "t": 21.5, "label": "T=21.5"}
+    assert "X-Auth-Token" not in got["/json"].headers
+    assert got["/ngsi"].body == {
+        "subscriptionId": sids[2],
+        "data": [{"id": "Room1-copy", "type": "Room", "temperature": 21.5, "src": "Room1"}],
+    }
+    assert got["/ngsi"].headers["Ngsiv2-AttrsFormat"] == "keyValues"
+    assert got["/plain"].headers["X-Auth-Token"] == "tok-1"
+    assert got["/plain"].body["data"][0]["temperature"]["value"] == 21.5
+
+
+def test_bad_custom_notifications_are_400_with_a_clear_description(front: Front) -> None:
+    h = {"Fiware-Service": tenant()}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"payload": "x", "json": {}}, "only one of payload, json or ngsi"),
+        ({"payload": "${temperature|toFixed(1)}"}, "JEXL is not supported"),
+        ({"json": 3}, "must be a JSON object or array"),
+        ({"ngsi": {"a": {"value": 1, "metadata": {"m": {}}}}}, "metadata is not allowed"),
+        ({"url": "http://${host}/n"}, "scheme, host or port"),
+    ]
+    for fields, said in cases:
+        body = {
+            "subject": {"entities": [{"idPattern": ".*"}]},
+            "notification": {"httpCustom": {"url": "http://127.0.0.1:9/n", **fields}},
+        }
+        answer = front.call("POST", "/v2/subscriptions", body, headers=h)
+        assert (answer.status, answer.body["error"]) == (400, "BadRequest"), fields
+        assert said in answer.body["description"], answer.body

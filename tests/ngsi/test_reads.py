@@ -184,7 +184,10 @@ def test_bad_service_paths_and_geo_queries() -> None:
     answer = call("GET", "/v2/entities", headers={"Fiware-ServicePath": "east"})
     assert (answer.status, answer.json["error"]) == (400, "BadRequest")
     answer = call("GET", "/v2/entities?georel=near&geometry=point&coords=1,2")
-    assert (answer.status, answer.json["error"]) == (422, "NotSupportedQuery")
+    assert (answer.status, answer.json["error"]) == (400, "BadRequest")
+    assert answer.json["description"] == (
+        "Invalid query: georel /near/ without either minDistance nor maxDistance"
+    )
 
 
 # -- POST /v2/op/query ------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def test_op_query() -> None:
         ({"entities": [{"type": "Room"}]}, 400, "BadRequest"),
         ({"bogus": 1}, 400, "BadRequest"),
         ([1], 400, "BadRequest"),
-        ({"expression": {"georel": "near"}}, 422, "NotSupportedQuery"),
+        ({"expression": {"georel": "near"}}, 400, "BadRequest"),
     ],
 )
 def test_bad_op_queries(body: Any, status: int, error: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ from broker.coordination.client import connect
 from broker.coordination.coordinator import scale_layer
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.coordination.http_subscriptions import FRONTS, OWNERS, STATUS, SUBSCRIPTIONS
+from broker.ngsi.retry import ID_HEADER
 from broker.runtime.options import Role
 from ngsi.conftest import Front, Receiver, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
@@ -228,6 +230,81 @@ def test_a_killed_front_leaves_its_subscriptions_with_their_status_to_the_other(
     assert [n.path for n in got].count("/once") == 1
     assert got[-1].body["data"][0]["t"]["value"] == 2
     wait_until(lambda: get(two, headers, made)["notification"]["timesSent"] == 2, "counted on")
+
+
+def _delivery_workers(pid: int) -> list[int]:
+    """The delivery workers process ``pid`` started (its children running delivery's main)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == pid and b"broker.ngsi.delivery" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie not reaped yet counts: it sends nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_fronts_notifications_are_all_sent_once_by_its_worker_or_its_heir(
+    fresh: tuple[LocalCluster, list[Front]], receiver: Receiver
+) -> None:
+    """A front is killed while its delivery worker holds a queue (a slow receiver), and
+    updates go on through the other front until it adopts the subscription (once the dead
+    one's ZooKeeper session ended). The orphaned worker sends what it held, in order, then
+    exits; what the matchers matched for the dead front meanwhile was kept by the exit points
+    and is replayed to the adopter (docs/failures.md): every update is notified once."""
+    cluster, (one, two) = fresh
+    headers = _headers()
+    made = subscribe(one, headers, http_subscription(receiver.url()))
+
+    def update(front: Front, value: int) -> None:
+        entity = {"id": "R", "type": "Room", "t": {"value": value, "type": "Number"}}
+        publish(front, headers, entity)
+
+    count = 40
+    receiver.script = [(204, {}, 0.075)] * count  # 3 s to take them all: a queue waits
+    for value in range(count):
+        update(one, value)
+    # timesSent counts a notification once it went down the pipe to the worker: a kill loses
+    # nothing in the connection point's memory from here
+    wait_until(
+        lambda: get(one, headers, made)["notification"].get("timesSent") == count,
+        "every notification handed to the worker",
+    )
+    member = _member(cluster, one)
+    [worker] = _delivery_workers(member.pid)
+    os.kill(member.pid, signal.SIGKILL)  # the connection point alone: its worker lives on
+    held = count - len(receiver.received())
+    assert held > 0, "the worker held nothing when its connection point was killed"
+    sent = count
+    deadline = time.monotonic() + ADOPTED
+    while two.call("GET", f"/v2/subscriptions/{made}", headers=headers).status != 200:
+        assert time.monotonic() < deadline, "not adopted by the other front"
+        update(two, sent)  # matched for the dead front: kept by the exit point
+        sent += 1
+        time.sleep(0.2)
+    for _ in range(3):  # and after the adoption
+        update(two, sent)
+        sent += 1
+    got = receiver.wait_for(sent)
+    wait_until(lambda: _ended(worker), "the orphaned worker ends once it has sent it all", 5)
+    values = [n.body["data"][0]["t"]["value"] for n in receiver.received()]
+    assert sorted(values) == list(range(sent)), f"lost or repeated: {values}"
+    assert [v for v in values if v < count] == list(range(count))  # the worker's, in order
+    assert len({n.headers[ID_HEADER] for n in got}) == sent
+    assert sent > count + 5, "the adoption came too soon to publish while it was pending"
+    [log] = [p["log"] for p in cluster.description["processes"] if p["pid"] == member.pid]
+    drained = re.search(r"(\d+) sent, 0 given up", Path(log).read_text())
+    assert drained is not None and int(drained.group(1)) >= held  # (+ the one in flight)
 
 
 def test_a_new_front_takes_over_when_every_front_died(

@@ -198,9 +198,16 @@ def test_subscription_defaults() -> None:
                     "condition": {"expression": {"georel": "near"}},
                 }
             },
-            NotServed,
+            InvalidInput,
         ),
-        ({"notification": {"httpCustom": {"url": "http://localhost/", "payload": "x"}}}, NotServed),
+        (
+            {
+                "notification": {
+                    "httpCustom": {"url": "http://localhost/", "payload": "x", "json": {}}
+                }
+            },
+            InvalidInput,
+        ),
         (
             {"notification": {"http": {"url": "http://localhost/", "timeout": 1_800_001}}},
             InvalidInput,

@@ -18,11 +18,11 @@ from strategies import examples
 
 from broker.errors import (
     AmbiguousEntity,
+    InvalidGeoQuery,
     InvalidIdentifier,
     InvalidInput,
     InvalidRegex,
     NotFound,
-    NotSupportedQuery,
     QuerySyntaxError,
     SerializationError,
     SilboError,
@@ -165,15 +165,14 @@ def test_ids_and_types_give_every_pair_as_selectors() -> None:
         ({"id": "a b"}, InvalidIdentifier, "entity id"),
         ({"attrs": "a,(b)"}, InvalidIdentifier, "attribute name"),
         ({"orderBy": "!"}, InvalidIdentifier, "orderBy"),
-        ({"georel": "near", "geometry": "point"}, NotSupportedQuery, "georel, geometry"),
-        ({"orderBy": "geo:distance"}, NotSupportedQuery, "geo:distance"),
+        ({"georel": "near", "geometry": "point"}, InvalidGeoQuery, "/geometry/ used without"),
+        ({"orderBy": "geo:distance"}, InvalidGeoQuery, "geo:distance needs a georel=near"),
     ],
 )
 def test_what_orion_refuses(params: dict[str, str], error: type[SilboError], message: str) -> None:
     with pytest.raises(error, match=message) as caught:
         query(params)
-    status = mapping_for(caught.value).http_status
-    assert status == (422 if error is NotSupportedQuery else 400)
+    assert mapping_for(caught.value).http_status == 400
 
 
 def test_limit_offset_order_count_and_format() -> None:
@@ -240,8 +239,8 @@ def test_bad_op_query_bodies(body: Any, message: str) -> None:
         parse_query_body(body, {}, "", None)
 
 
-def test_a_geographical_op_query_is_not_served() -> None:
-    with pytest.raises(NotSupportedQuery):
+def test_a_geographical_op_query_needs_its_three_parameters() -> None:
+    with pytest.raises(InvalidGeoQuery, match="/georel/ used without /geometry/"):
         parse_query_body({"expression": {"georel": "near"}}, {}, "", None)
 
 
