@@ -32,7 +32,8 @@ next fault of ``--faults`` (round robin), for ``--duration`` seconds or ``--coun
   subscriptions are adopted by the new one once the dead one's ZooKeeper session ended
   (the exit points' deliveries that never reached the dead one are replayed to it); its
   delivery worker sends what it held before it exits. Detection: the new connection point
-  registered; recovery: the dead one's registration gone (its HTTP subscriptions adopted);
+  registered; recovery: every HTTP subscription owned by a live front again (the dead
+  one's ZooKeeper session had to end first);
 - ``context-store``, ``context-store-hang``: SIGKILL, or SIGSTOP until detected then
   SIGCONT, of one context store: its backup fences it and serves its partitions (a stopped
   one may be killed as hung by the supervisor first), the supervisor restarts it, and it
@@ -84,6 +85,7 @@ from typing import Any
 
 import numpy as np
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
 from broker.bench.chaos_store import (
     StoreWriter,
@@ -97,7 +99,7 @@ from broker.client import Client
 from broker.cluster.local import store_id_of
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
-from broker.coordination.membership import MEMBERS
+from broker.coordination.http_subscriptions import OWNERS
 from broker.coordination.scale import read_plan
 from broker.errors import SilboError
 from broker.extras import require
@@ -445,11 +447,10 @@ class _Run:
 
     def _kill_connection_point(self) -> dict[str, Any]:
         """Kill a connection point: detected once the supervisor's new one registered, whole
-        once the dead one's registration is gone (its HTTP subscriptions adopted then)."""
+        once every HTTP subscription has a live owner again (adopted from the dead one)."""
         role = "connection-point"
         victims = [p for p in self._description()["processes"] if p["role"] == role]
         victim = self.random.choice([v for v in victims if v.get("name")])
-        path = f"{MEMBERS}/{role}/{victim['name']}"
         os.kill(victim["pid"], signal.SIGKILL)
 
         def restarted() -> bool:
@@ -460,12 +461,22 @@ class _Run:
 
         detected = self._until(restarted, 60)
         began = time.monotonic() - (detected or 0.0)
-        gone = self._until(lambda: not self._zk().exists(path), 60)
+        gone = self._until(lambda: self._adopted_from(victim["name"]), 60)
         return {
             "victim": victim["name"],
             "detection_s": detected,
             "recovery_s": None if gone is None else round(time.monotonic() - began, 2),
         }
+
+    def _adopted_from(self, dead: str) -> bool:
+        """Whether every HTTP subscription has an owner, and none is the front ``dead``."""
+        try:
+            zk = self._zk()
+            owners = [zk.get(f"{OWNERS}/{i}")[0] for i in zk.get_children(OWNERS)]
+        except (KazooException, OSError):
+            return False
+        fronts = [json.loads(data).get("front") for data in owners]
+        return len(fronts) >= len(self.http_patterns) and dead not in fronts
 
     def _fault_store(self, *, hang: bool) -> dict[str, Any]:
         """Kill (or stop until detected) one context store; detected once its registration

@@ -5,7 +5,9 @@ names (the ones ``silbo up`` started and the ones ``silbo admin scale`` added), 
 watchdog thread at the embedded ZooKeeper:
 
 1. **a process is gone** (exited, killed, or fenced: exit status 75): its member znode is
-   deleted at once (:func:`broker.coordination.repair.declare_dead`) and the configuration
+   deleted at once (:func:`broker.coordination.repair.declare_dead`; a connection point's
+   HTTP front entry and subscription claims too, so the other fronts adopt them now:
+   :func:`broker.coordination.http_subscriptions.release_dead_front`) and the configuration
    repaired from here (:func:`~broker.coordination.repair.repair_once`: in milliseconds,
    not after a session timeout, even when the dead process was the elected repairer), and
    a new process
@@ -54,6 +56,7 @@ from broker.cluster.local import (
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.coordinator import scale_layer, serving
+from broker.coordination.http_subscriptions import release_dead_front
 from broker.coordination.membership import members
 from broker.coordination.repair import declare_dead, repair_once
 from broker.errors import SilboError
@@ -202,6 +205,8 @@ class Supervisor:
         for name, role in list(self._undeclared.items()):
             try:
                 declare_dead(self._zk(), role, name)
+                if role == Role.CONNECTION_POINT.value:  # its HTTP subscriptions adopted now
+                    release_dead_front(self._zk(), name)
                 del self._undeclared[name]
                 # The elected repairer may be the dead one (its election znode lasts as long
                 # as its session): repair from here too; a compare-and-set, so no race.

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
 from broker.coordination.errors import CoordinationError
-from broker.coordination.http_subscriptions import OWNERS, STATUS, Registry, Stored, heir
+from broker.coordination.http_subscriptions import (
+    OWNERS,
+    STATUS,
+    Registry,
+    Stored,
+    heir,
+    release_dead_front,
+)
 
 from .conftest import Expire
 
@@ -124,6 +131,30 @@ def test_owner_znodes_are_ephemeral(
         await front.registry.create(_stored("b" * 24))
         owner_client.stop()
         assert client.get_children(OWNERS) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_fronts_claims_are_released_at_once_and_only_its_own(
+    connected: Callable[[], KazooClient], client: KazooClient
+) -> None:
+    """The supervisor saw a front's process exit: its claims and its fronts entry go now,
+    not after its session timeout, so the others adopt its subscriptions at once."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        dead, live = _Front(connected(), loop, "cp-dead"), _Front(connected(), loop, "cp-live")
+        for front in (dead, live):
+            await front.registry.join()
+        await dead.registry.create(_stored("d" * 24))
+        await dead.registry.create(_stored("e" * 24))
+        await live.registry.create(_stored("f" * 24))
+        await _until(lambda: len(live.seen[-1][0]) == 2 if live.seen else False, "both")
+        assert release_dead_front(client, "cp-dead") == 2  # its session still lives
+        assert sorted(await live.registry.orphans()) == ["d" * 24, "e" * 24]
+        assert await live.registry.owner("f" * 24) == "cp-live"
+        await _until(lambda: "cp-dead" not in live.seen[-1][0], "gone from the fronts")
+        assert release_dead_front(client, "cp-gone") == 0
 
     asyncio.run(scenario())
 
