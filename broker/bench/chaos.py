@@ -5,7 +5,8 @@
                       [--faults matcher,access-point,exit-point,matcher-hang,zookeeper,
                                 context-store,scale-kill,access-point-hang,exit-point-hang,
                                 context-store-hang,scale-kill-exit-point,
-                                scale-kill-access-point,connection-point]
+                                scale-kill-access-point,connection-point,
+                                scale-kill-connection-point]
                       [--json] [--plot FILE.png]
 
 It starts ``silbo up`` (its supervisor: broker.cluster.supervisor) with 3 matchers, 2 access
@@ -42,7 +43,8 @@ next fault of ``--faults`` (round robin), for ``--duration`` seconds or ``--coun
   of the matchers; then ``silbo admin scale matchers 3`` right after (retried while another
   scale runs); the outcomes are reported. ``scale-kill-exit-point`` and
   ``scale-kill-access-point`` do the same to the exit points (2 → 3 → 2) and the access
-  points.
+  points, ``scale-kill-connection-point`` to the connection points (1 → 2 → 1: whole again
+  once one is registered and owns every HTTP subscription).
 
 Per fault it measures *detection* (until the configuration names the victim in ``failed``;
 for ZooKeeper, until it answers again; for a store, until its registration ``/stores/<id>``
@@ -100,6 +102,7 @@ from broker.cluster.local import store_id_of
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.http_subscriptions import OWNERS
+from broker.coordination.membership import MEMBERS
 from broker.coordination.scale import read_plan
 from broker.errors import SilboError
 from broker.extras import require
@@ -126,11 +129,24 @@ FAULTS = (
     "scale-kill-exit-point",
     "scale-kill-access-point",
     "connection-point",
+    "scale-kill-connection-point",
 )
 # HTTP subscriptions: one per last digit of the station id, and one for every station
 HTTP_SUBSCRIPTIONS = [f"{digit}$" for digit in range(10)] + ["."]
-SIZES = {"matchers": 3, "access-points": 2, "exit-points": 2, "context-stores": 2}
-_LAYER = {"matcher": "matchers", "access-point": "access_points", "exit-point": "exit_points"}
+SIZES = {
+    "matchers": 3,
+    "access-points": 2,
+    "exit-points": 2,
+    "context-stores": 2,
+    "connection-points": 1,
+}
+_LAYER = {
+    "matcher": "matchers",
+    "access-point": "access_points",
+    "exit-point": "exit_points",
+    "connection-point": "connection_points",
+}
+_CONNECTION_POINT = "connection-point"
 _END_TYPE = "ChaosEnd"
 _STORE_ROLE = "context-store"
 
@@ -578,11 +594,24 @@ class _Run:
         configuration = self._configuration()
         if configuration is None:
             return False
+        if role == _CONNECTION_POINT:  # not in the configuration: its registration
+            return name not in self._connection_points() and not self._planned()
         if name in configuration.failed:
             return True
         return name not in getattr(configuration, _LAYER[role]) and not self._planned()
 
+    def _connection_points(self) -> list[str]:
+        """The connection points registered now."""
+        try:
+            return list(self._zk().get_children(f"{MEMBERS}/{_CONNECTION_POINT}"))
+        except (KazooException, OSError):
+            return []
+
     def _whole(self, role: str, victim: str) -> bool:
+        if role == _CONNECTION_POINT:  # its size, and every HTTP subscription owned
+            live = self._connection_points()
+            size = SIZES[_LAYER[role].replace("_", "-")]
+            return len(live) == size and victim not in live and self._adopted_from(victim)
         configuration = self._configuration()
         if configuration is None:
             return False

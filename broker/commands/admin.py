@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from broker.cluster.local import add_processes, retire_processes
+from broker.cluster.local import add_processes, retire_all_but, retire_processes
 from broker.commands.store_scale import run_store_scale
 from broker.coordination.client import connect
 from broker.coordination.configuration import (
@@ -170,7 +170,10 @@ def run_scale(args: argparse.Namespace) -> int:
         else:
             new, leaving = old[: args.count], old[args.count :]
         outcome = scale_layer(client, args.layer, new, timeout=args.timeout)
-        if outcome.outcome == "completed" and leaving and local is not None:
+        done = outcome.outcome == "completed" or new == old  # (nothing to change: rejected)
+        if done and local is not None and role is Role.CONNECTION_POINT and args.count <= len(old):
+            retire_all_but(local, role, new)  # and a dead one restarting (no scale saw it)
+        elif outcome.outcome == "completed" and leaving and local is not None:
             retire_processes(local, leaving)
     except SilboError as exc:
         print(f"silbo admin scale: error: {exc}", file=sys.stderr)
