@@ -585,13 +585,13 @@ class Client:
 
     def _hand_on(self, batch: pb.NotificationBatch) -> None:
         """Hand ``batch`` on, less the copies a resume's floor tells (see ``_floor``)."""
-        floor = self._floor
-        if floor and batch.incarnation:
-            above = _above(floor, batch.incarnation)
+        floor, incarnation = self._floor, batch.incarnation
+        if floor and incarnation and any((p, incarnation) in floor for p in set(batch.publishers)):
+            above = _above(floor, incarnation)
             kept = _rows(batch, above)
             for publisher, sequence in zip(batch.publishers, batch.sequences, strict=True):
                 if above(0, publisher, sequence):  # it goes on above: no copy can follow
-                    floor.pop((publisher, batch.incarnation), None)
+                    floor.pop((publisher, incarnation), None)
             if kept is None:
                 return
             batch = kept
@@ -599,9 +599,14 @@ class Client:
 
     def _notify(self, batch: pb.NotificationBatch) -> None:
         received, incarnation = self._received, batch.incarnation
-        for publisher, sequence in zip(batch.publishers, batch.sequences, strict=True):
-            if sequence > received.get((publisher, incarnation), 0):
-                received[publisher, incarnation] = sequence
+        publishers = set(batch.publishers)
+        if len(publishers) == 1:  # as a connection point sends them: one publisher's batch
+            key = (publishers.pop(), incarnation)
+            received[key] = max(received.get(key, 0), max(batch.sequences))
+        else:
+            for publisher, sequence in zip(batch.publishers, batch.sequences, strict=True):
+                if sequence > received.get((publisher, incarnation), 0):
+                    received[publisher, incarnation] = sequence
         if self._on_batch is not None:
             self._on_batch(batch, self._handles)
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
@@ -99,6 +100,8 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
     routes = _Routes(front)
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/version", routes.version),
+        ("GET", "/statistics", routes.statistics),
+        ("DELETE", "/statistics", routes.reset_statistics),
         ("GET", "/v2", routes.entry_points),
         ("POST", "/v2/entities", routes.create_entity),
         ("POST", _ENTITY + "/attrs", routes.append_attributes),
@@ -131,6 +134,14 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
     app.on_cleanup.append(routes.close)
 
 
+def _uptime(seconds: int) -> str:
+    """Orion's uptime text: ``0 d, 1 h, 2 m, 3 s``."""
+    minutes, s = divmod(seconds, 60)
+    hours, m = divmod(minutes, 60)
+    days, h = divmod(hours, 24)
+    return f"{days} d, {h} h, {m} m, {s} s"
+
+
 def _location(entity_id: str, entity_type: str) -> str:
     return f"/v2/entities/{quote(entity_id, safe='')}?type={quote(entity_type, safe='')}"
 
@@ -140,6 +151,7 @@ class _Routes:
         self.front = front
         self.reader = StoreReader(lambda: front.entities)
         self._session: aiohttp.ClientSession | None = None  # to the other fronts
+        self._started = self._measuring = time.monotonic()  # uptime; statistics since
 
     # -- about -------------------------------------------------------------------------------
 
@@ -148,7 +160,7 @@ class _Routes:
             {
                 "orion": {
                     "version": ORION_VERSION,
-                    "uptime": "",
+                    "uptime": _uptime(int(time.monotonic() - self._started)),
                     "git_hash": "silbo",
                     "compile_time": "",
                     "compiled_by": "silbo",
@@ -161,6 +173,21 @@ class _Routes:
                 "silbo": {"front": self.front.address, "connection_point": self.front.port.name},
             }
         )
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        """Orion's ``GET /statistics`` without its ``-statCounters`` options: the uptime and
+        the seconds since the statistics were last reset."""
+        now = time.monotonic()
+        return json_response(
+            {
+                "uptime_in_secs": int(now - self._started),
+                "measuring_interval_in_secs": int(now - self._measuring),
+            }
+        )
+
+    async def reset_statistics(self, request: web.Request) -> web.Response:
+        self._measuring = time.monotonic()
+        return json_response({"message": "All statistics counter reset"})
 
     async def entry_points(self, request: web.Request) -> web.Response:
         return json_response(

@@ -34,9 +34,10 @@ class _Front:
                 with lock:
                     front.writes += 1
                     odd = front.writes % 3 == 0
-                    applies = (
-                        0 if odd and fault == "forget" else 2 if odd and fault == "twice" else 1
-                    )
+                    # an entity's first write is never forgotten: every entity exists (a run
+                    # on CI forgot every write of one, and the read-back found 7 of 8)
+                    forget = odd and fault == "forget" and entity["id"] in front.entities
+                    applies = 0 if forget else 2 if odd and fault == "twice" else 1
                     for _ in range(applies):
                         kept = front.entities.setdefault(
                             entity["id"], {"id": entity["id"], "inc": 0}

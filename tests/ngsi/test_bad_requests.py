@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -305,3 +306,17 @@ def test_an_id_with_braces_is_addressed_by_its_path(front: Front) -> None:
     assert front.call("PATCH", path + "/attrs", {"x": {"value": 2}}, headers=h).status == 204
     assert front.call("DELETE", path + "/attrs/x", headers=h).status == 204
     assert front.call("DELETE", path, headers=h).status == 204
+
+
+def test_statistics_and_the_version_show_the_uptime_as_orion(front: Front) -> None:
+    """``GET /statistics`` (Orion without -statCounters) and ``DELETE`` starting the
+    measuring interval again; ``/version`` gives the uptime as Orion writes it."""
+    answer = front.call("GET", "/statistics")
+    assert answer.status == 200, answer
+    assert set(answer.body) == {"uptime_in_secs", "measuring_interval_in_secs"}
+    assert answer.body["uptime_in_secs"] >= answer.body["measuring_interval_in_secs"] >= 0
+    reset = front.call("DELETE", "/statistics")
+    assert reset.status == 200 and reset.body == {"message": "All statistics counter reset"}
+    assert front.call("GET", "/statistics").body["measuring_interval_in_secs"] == 0
+    uptime = front.call("GET", "/version").body["orion"]["uptime"]
+    assert re.fullmatch(r"\d+ d, \d+ h, \d+ m, \d+ s", uptime), uptime
