@@ -1000,14 +1000,31 @@ def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = ST
 
     They leave cluster.json first, so that a supervisor does not take their exit for a death.
     """
-    state_dir = Path(state_dir)
     wanted = set(names)
+    return _retire(Path(state_dir), lambda p: p.get("name") in wanted, grace)
+
+
+def retire_all_but(state_dir: Path, role: Role, keep: Iterable[str]) -> int:
+    """Stop every process of ``role`` in cluster.json but those named ``keep``: the ones a
+    scale leaves out, and a dead one the supervisor is restarting (not registered again yet,
+    so no scale saw it), which would otherwise come back over the size asked for. How many
+    were running."""
+    kept = set(keep)
+    return _retire(
+        Path(state_dir),
+        lambda p: p.get("role") == role.value and p.get("name") not in kept,
+        STOP_GRACE,
+    )
+
+
+def _retire(state_dir: Path, leaves: Callable[[dict[str, Any]], bool], grace: float) -> int:
+    """Take the processes ``leaves`` picks out of cluster.json, then stop them."""
     leaving: list[dict[str, Any]] = []
 
     def remove(description: dict[str, Any]) -> None:
         processes = description.get("processes") or []
-        leaving.extend(p for p in processes if p.get("name") in wanted)
-        description["processes"] = [p for p in processes if p.get("name") not in wanted]
+        leaving.extend(p for p in processes if leaves(p))
+        description["processes"] = [p for p in processes if not leaves(p)]
 
     if update_description(state_dir, remove) is None:
         raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
@@ -1017,32 +1034,6 @@ def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = ST
         if _same_process(int(p.get("pid") or 0), p.get("start_time"), "broker.cli run")
     ]
     _terminate(pids, grace=grace)
-    return len(pids)
-
-
-def retire_all_but(state_dir: Path, role: Role, keep: Iterable[str]) -> int:
-    """Stop every process of ``role`` in cluster.json but those named ``keep``: the ones a
-    scale leaves out, and a dead one the supervisor is restarting (not registered again yet,
-    so no scale saw it), which would otherwise come back over the size asked for. How many
-    were running."""
-    kept = set(keep)
-    leaving: list[dict[str, Any]] = []
-
-    def remove(description: dict[str, Any]) -> None:
-        processes = description.get("processes") or []
-        leaving.extend(
-            p for p in processes if p.get("role") == role.value and p.get("name") not in kept
-        )
-        description["processes"] = [p for p in processes if p not in leaving]
-
-    if update_description(state_dir, remove) is None:
-        raise NoCluster(f"no cluster is running from {state_dir.resolve()} (no {STATE_FILE})")
-    pids = [
-        int(p["pid"])
-        for p in leaving
-        if _same_process(int(p.get("pid") or 0), p.get("start_time"), "broker.cli run")
-    ]
-    _terminate(pids, grace=STOP_GRACE)
     return len(pids)
 
 
