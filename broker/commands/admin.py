@@ -170,11 +170,11 @@ def run_scale(args: argparse.Namespace) -> int:
         else:
             new, leaving = old[: args.count], old[args.count :]
         outcome = scale_layer(client, args.layer, new, timeout=args.timeout)
-        done = outcome.outcome == "completed" or new == old  # (nothing to change: rejected)
-        if done and local is not None and role is Role.CONNECTION_POINT and args.count <= len(old):
-            retire_all_but(local, role, new)  # and a dead one restarting (no scale saw it)
-        elif outcome.outcome == "completed" and leaving and local is not None:
-            retire_processes(local, leaving)
+        if outcome.outcome == "completed" and local is not None:
+            if role is Role.CONNECTION_POINT and args.count <= len(old):
+                retire_all_but(local, role, new)  # and a dead one restarting (no scale saw it)
+            elif leaving:
+                retire_processes(local, leaving)
     except SilboError as exc:
         print(f"silbo admin scale: error: {exc}", file=sys.stderr)
         return 2
