@@ -147,6 +147,8 @@ _LAYER = {
     "connection-point": "connection_points",
 }
 _CONNECTION_POINT = "connection-point"
+# the cluster's log level (SILBO_CHAOS_LOG=INFO: the processes' logs say what each did)
+_LOG_LEVEL = os.environ.get("SILBO_CHAOS_LOG", "WARNING")
 _END_TYPE = "ChaosEnd"
 _STORE_ROLE = "context-store"
 
@@ -274,6 +276,7 @@ class _Run:
                 self.store = self.writer.check()
             publisher.join(120)
             self._wait_end()
+            self._wait_http_settled()
             subscriber.close()
         finally:
             self.receiver.stop()
@@ -293,7 +296,7 @@ class _Run:
         command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
         # fixed ports: a connection point restarted (fenced after its session expired) is
         # found again where the clients and the writer left it
-        command += ["--grpc-port", str(_free_port()), "--log-level", "WARNING"]
+        command += ["--grpc-port", str(_free_port()), "--log-level", _LOG_LEVEL]
         command += ["--http-port", str(self.http_port)]
         for layer, size in SIZES.items():
             command += [f"--{layer}", str(size)]
@@ -419,6 +422,19 @@ class _Run:
                     return
             time.sleep(0.1)
 
+    def _wait_http_settled(self, quiet: float = 5.0) -> None:
+        """Wait until the HTTP receiver got nothing new for ``quiet`` seconds (at most 120 s):
+        notifications a front's worker still had queued are late, not lost."""
+        deadline = time.monotonic() + 120
+        last, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            total = self.receiver.received().total()
+            if total != last:
+                last, since = total, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
+            time.sleep(0.2)
+
     # -- faults ---------------------------------------------------------------------------
 
     def _inject(self, fault: str) -> None:
@@ -529,6 +545,7 @@ class _Run:
         victims = [p for p in self._description()["processes"] if p["role"] == role]
         victim = self.random.choice([v for v in victims if v.get("name")])
         began = time.monotonic()
+        first: dict[str, Any] | None = None
         while True:  # a scale of the supervisor's (back to size) may run: start once it ended
             scale = self._admin_scale(layer, SIZES[layer] + 1)
             started = self._until(
@@ -538,6 +555,10 @@ class _Run:
                 break
             if scale.poll() is None or time.monotonic() - began > 60:
                 break  # the plan is up: the scale runs
+            first = _outcome(scale)
+            if first.get("outcome") == "completed":
+                break  # a connection-point scale out needs no plan: the kill comes right after
+            first = None
             self._until(lambda: not self._planned(), 60)  # rejected: the other scale ends
         time.sleep(self.random.random() * 0.5)  # the cut, the transfer, the switch...
         victims = [p for p in self._description()["processes"] if p["role"] == role]
@@ -547,7 +568,7 @@ class _Run:
         killed = time.monotonic()
         # repaired out, or left out by the scale it was part of (completed without it)
         detected = self._until(lambda: self._left_out(role, victim["name"]), 60)
-        first = _outcome(scale)
+        first = first or _outcome(scale)
         began = time.monotonic()
         while True:  # right after the failure; the supervisor's own scale may run: again
             back = _outcome(self._admin_scale(layer, SIZES[layer]))
@@ -700,6 +721,9 @@ class _Run:
                 "delivered": http_got.total(),
                 "lost": http_lost.total(),
                 "lost_by_second": self._by_second(http_lost),
+                "lost_by_subscription": dict(
+                    Counter(s for s, _q in http_lost.elements()).most_common()
+                ),
                 "duplicated": http_duplicated,
                 "unexpected": http_extra.total() - http_duplicated,
             },

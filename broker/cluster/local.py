@@ -46,6 +46,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -993,6 +994,37 @@ def add_processes(
     ]
     update_description(state_dir, lambda d: d.setdefault("processes", []).extend(entries))
     return new
+
+
+def registered_slots(
+    state_dir: Path, client: KazooClient, role: Role, *, timeout: float = 30.0
+) -> dict[str, int]:
+    """The slot number of each registered ``role`` process of cluster.json, by member name,
+    once every one of them is registered: a process the supervisor is restarting (dead, or
+    started and not registered yet) is waited for, at most ``timeout`` seconds, so that a
+    scale decides on the whole layer (and one it did not see cannot come back over the size
+    it asked for). Past the timeout, or with no ``silbo up`` supervising, the registered
+    ones."""
+    deadline = time.monotonic() + timeout
+    while True:
+        description = read_cluster(Path(state_dir)) or {}
+        entries = [p for p in description.get("processes") or [] if p.get("role") == role.value]
+        by_pid = {m.pid: m for m in members(client, role.value)}
+        slots = {
+            by_pid[int(p["pid"])].name: _slot_number(p)
+            for p in entries
+            if int(p.get("pid") or 0) in by_pid
+        }
+        supervisor = int(description.get("supervisor") or 0)
+        supervised = _same_process(supervisor, description.get("supervisor_start_time"), " up")
+        if len(slots) == len(entries) or not supervised or time.monotonic() > deadline:
+            return slots
+        time.sleep(0.1)
+
+
+def _slot_number(entry: dict[str, Any]) -> int:
+    found = re.search(r"-(\d+)\.log$", str(entry.get("log") or ""))
+    return int(found.group(1)) if found else 1 << 30
 
 
 def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = STOP_GRACE) -> int:

@@ -220,30 +220,44 @@ class Supervisor:
             if slot.due is None or slot.due > now:
                 continue
             slot.due = None
-            slot.restarts += 1
-            slot.streak += 1
-            slot.started = now
-            process = self._cluster.replace(slot.role, slot.number)
             log = str(self._state_dir / "logs" / f"{slot.role.value}-{slot.number}.log")
-            fresh = {
-                "role": slot.role.value,
-                "name": None,
-                "pid": process.pid,
-                "start_time": _start_time(process.pid),
-                "address": None,
-                "internal": None,
-                "metrics": None,
-                "log": log,
-                "restarts": slot.restarts,
-            }
+            started: list[int] = []
 
-            def swap(description: dict[str, Any], fresh: dict[str, Any] = fresh) -> None:
+            def swap(
+                description: dict[str, Any],
+                slot: _Slot = slot,
+                log: str = log,
+                started: list[int] = started,
+            ) -> None:
+                # Under cluster.json's lock: a slot ``admin scale`` retired while its restart
+                # was due (it left cluster.json) stays retired, not restarted over the size.
                 processes = description.get("processes") or []
-                description["processes"] = [p for p in processes if p.get("log") != fresh["log"]]
+                if not any(p.get("log") == log for p in processes):
+                    return
+                process = self._cluster.replace(slot.role, slot.number)
+                started.append(process.pid)
+                fresh = {
+                    "role": slot.role.value,
+                    "name": None,
+                    "pid": process.pid,
+                    "start_time": _start_time(process.pid),
+                    "address": None,
+                    "internal": None,
+                    "metrics": None,
+                    "log": log,
+                    "restarts": slot.restarts + 1,
+                }
+                description["processes"] = [p for p in processes if p.get("log") != log]
                 description["processes"].append(fresh)
 
             update_description(self._state_dir, swap)
-            self._say(f"{slot.role.value} restarted (pid {process.pid}, restart {slot.restarts})")
+            if not started:
+                self._say(f"{slot.role.value} slot {slot.number} was retired: not restarted")
+                continue
+            slot.restarts += 1
+            slot.streak += 1
+            slot.started = now
+            self._say(f"{slot.role.value} restarted (pid {started[0]}, restart {slot.restarts})")
             self._restoring = True
 
     def _learn_names(self, description: dict[str, Any]) -> None:

@@ -26,7 +26,12 @@ from typing import Any
 
 import grpc
 
-from broker.cluster.local import add_processes, retire_all_but, retire_processes
+from broker.cluster.local import (
+    add_processes,
+    registered_slots,
+    retire_all_but,
+    retire_processes,
+)
 from broker.commands.store_scale import run_store_scale
 from broker.coordination.client import connect
 from broker.coordination.configuration import (
@@ -152,7 +157,12 @@ def run_scale(args: argparse.Namespace) -> int:
         if current is None:
             print("silbo admin scale: error: the cluster is not formed", file=sys.stderr)
             return 2
+        slots = {} if local is None else registered_slots(local, client, role)
         old = serving(client, current.configuration, args.layer)
+        if role is Role.CONNECTION_POINT and slots:
+            # Every live one serves; a scale in keeps the first slots (the addresses clients
+            # were given first), whatever order they registered in (a restarted one is last).
+            old.sort(key=lambda name: slots.get(name, 1 << 30))
         leaving: list[str] = []
         if args.count > len(old):
             idle = [m.name for m in members(client, role.value) if m.name not in old]

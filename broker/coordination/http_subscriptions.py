@@ -90,16 +90,14 @@ def heir(subscription_id: str, fronts: Iterable[str]) -> str | None:
 def release_dead_front(client: KazooClient, name: str) -> int:
     """Orphan the subscriptions of the front ``name``, known to be dead (its process exited:
     the supervisor saw it), now rather than when its ZooKeeper session ends: its
-    ``/ngsi/fronts`` entry and its ``/ngsi/owners`` claims are deleted, so the live fronts
-    adopt its subscriptions at once. The number of claims released."""
+    ``/ngsi/owners`` claims and then its ``/ngsi/fronts`` entry are deleted, so the live
+    fronts adopt all its subscriptions at once. The number of claims released."""
     released = 0
     with translated(f"release the subscriptions of the dead front {name}"):
-        with contextlib.suppress(NoNodeError):
-            client.delete(f"{FRONTS}/{name}")
         try:
             ids = client.get_children(OWNERS)
         except NoNodeError:
-            return 0
+            ids = []
         for subscription_id in ids:
             path = f"{OWNERS}/{subscription_id}"
             try:
@@ -109,6 +107,11 @@ def release_dead_front(client: KazooClient, name: str) -> int:
                     released += 1
             except (NoNodeError, BadVersionError, ValueError):
                 continue  # gone or claimed meanwhile, or not ours to judge
+        # Last: the live fronts look for orphans when the fronts change, so every claim
+        # must be gone by then (deleted first, a scan found some and the rest waited for
+        # the next change or the periodic rescan: seconds without an owner).
+        with contextlib.suppress(NoNodeError):
+            client.delete(f"{FRONTS}/{name}")
     return released
 
 

@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 
 from broker.coordination.errors import CoordinationError
 from broker.coordination.http_subscriptions import (
+    FRONTS,
     OWNERS,
     STATUS,
     Registry,
@@ -150,7 +151,20 @@ def test_a_dead_fronts_claims_are_released_at_once_and_only_its_own(
         await dead.registry.create(_stored("e" * 24))
         await live.registry.create(_stored("f" * 24))
         await _until(lambda: len(live.seen[-1][0]) == 2 if live.seen else False, "both")
+        # what a live front scanning on the fronts change would find: every claim gone
+        # already (the entry goes last; first, a scan found some claims still there)
+        watcher, claims_when_gone = connected(), []
+
+        def fronts_changed(fronts: list[str]) -> bool:
+            if "cp-dead" not in fronts and not claims_when_gone:
+                owners = [watcher.get(f"{OWNERS}/{i}")[0] for i in watcher.get_children(OWNERS)]
+                claims_when_gone.append(sum(b"cp-dead" in data for data in owners))
+            return not claims_when_gone
+
+        watcher.ChildrenWatch(FRONTS, fronts_changed)
         assert release_dead_front(client, "cp-dead") == 2  # its session still lives
+        await _until(lambda: bool(claims_when_gone), "the watch saw it gone")
+        assert claims_when_gone == [0]
         assert sorted(await live.registry.orphans()) == ["d" * 24, "e" * 24]
         assert await live.registry.owner("f" * 24) == "cp-live"
         await _until(lambda: "cp-dead" not in live.seen[-1][0], "gone from the fronts")

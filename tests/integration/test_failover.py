@@ -328,3 +328,29 @@ def test_a_connection_point_killed_under_load_loses_and_repeats_nothing(up: _Up)
     finally:
         publisher._stopping.set()
         recorder.close()
+    _scale_in_while_a_restart_is_due(up)
+
+
+def _scale_in_while_a_restart_is_due(up: _Up) -> None:
+    """Killed again soon after its restart (a backoff of 1 s), then ``admin scale
+    connection-points 1`` at once: the scale waits for the restarted one, keeps slot 1 and
+    retires slot 2, and the supervisor does not bring a retired slot back. (Before: the scale
+    retired the dead slot during the backoff, the supervisor restarted it, 2 were left.)"""
+    first = next(p for p in up.description()["processes"] if p["log"].endswith("point-1.log"))
+    os.kill(first["pid"], signal.SIGKILL)
+    command = [sys.executable, "-m", "broker.cli", "admin", "scale", "connection-points", "1"]
+    scale = subprocess.run(
+        [*command, "--state-dir", str(up.state)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scale.returncode == 0, scale.stdout + scale.stderr
+
+    def connection_points() -> list[dict[str, Any]]:
+        return [p for p in up.description()["processes"] if p["role"] == "connection-point"]
+
+    time.sleep(2.0)  # two restart backoffs: a retired slot would be back by now
+    left = connection_points()
+    assert [Path(p["log"]).name for p in left] == ["connection-point-1.log"], left
+    assert left[0]["pid"] != first["pid"] and left[0]["name"], left
