@@ -4,9 +4,17 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck pytest demo bench clean
+.PHONY: install mosquitto test test-fast lint typecheck pytest demo bench clean
 
-install: $(STAMP)
+install: $(STAMP) mosquitto
+
+# the MQTT broker the MQTT notification tests run (tests/ngsi/test_mqtt.py skips without it);
+# installed where it can be (root, a Debian apt), never a failure
+mosquitto:
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
+		(apt-get install -y mosquitto >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq mosquitto >/dev/null)) 2>/dev/null || \
+		echo "mosquitto not installable: MQTT tests will skip"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -1,4 +1,5 @@
-"""The delivery worker: a process of its own that renders and sends HTTP notifications.
+"""The delivery worker: a process of its own that renders and sends HTTP and MQTT
+notifications.
 
 The connection point's event loop only decides which subscriptions fire; this process,
 started by :class:`broker.ngsi.notifier.Notifier` (:func:`main`),
@@ -60,6 +61,13 @@ body per notification; one with macros there makes them per notification. The up
 ``X-Auth-Token`` (carried in its change, :mod:`broker.ngsi.change`) is one more of the
 entity's header lines, made once per entity, left out for a subscription whose own headers
 name it.
+
+An mqtt / mqttCustom subscription (``Config.mqtt``) publishes instead, through
+:class:`broker.ngsi.mqtt_client.MqttClient` (one connection per broker and user): the same
+body (or mqttCustom's template), on its topic (filled per notification when it holds a
+macro), with the same queue, order and retries (:meth:`Worker._publish`); no headers, so no
+notification id. A broker refusing the connection (user, password), like a topic that
+cannot be published to, gives the notification up at once.
 """
 
 from __future__ import annotations
@@ -83,8 +91,10 @@ import numpy as np
 from broker.errors import InvalidInput
 from broker.model.subscription import AttrsFormat
 from broker.ngsi.change import Change, read_change
+from broker.ngsi.channel import Mqtt
 from broker.ngsi.entity import Attributes, from_wire, render
 from broker.ngsi.http_client import HttpClient, Target, TransportError
+from broker.ngsi.mqtt_client import Broker, MqttClient, Refused
 from broker.ngsi.retry import DEFAULT_WINDOW, ID_HEADER, Backoff, NotificationIds, retried
 from broker.ngsi.templates import (
     Context,
@@ -115,6 +125,8 @@ RESUME_AT = 0.99  # a full backlog is read into again once this share of it is l
 QUEUE_FULL = "Notification queue is full"  # lastFailureReason of a dropped notification
 QUIT = "q"  # the kind of the message that stops the worker as planned (no drain)
 UNSENDABLE = "the URL or a header cannot be sent"  # lastFailureReason: given up at once
+UNPUBLISHABLE = "the MQTT topic cannot be published to"  # lastFailureReason: given up at once
+PUBLISHED = 200  # the code of an MQTT message the broker took (GET shows none for MQTT)
 AUTH_TOKEN = "x-auth-token"  # forwarded from the update unless a subscription's headers name it
 _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
@@ -250,6 +262,7 @@ class Config:
     templated: bool = False
     qs: tuple[tuple[str, str], ...] = ()
     body: tuple[str, Any] | None = None
+    mqtt: Mqtt | None = None  # an mqtt / mqttCustom subscription's (``url`` is its broker's)
 
     def to_list(self) -> list[Any]:
         """The config as the pipe carries it."""
@@ -269,6 +282,7 @@ class Config:
             self.templated,
             [list(q) for q in self.qs],
             None if self.body is None else list(self.body),
+            None if self.mqtt is None else self.mqtt.to_list(),
         ]
 
     @classmethod
@@ -278,6 +292,7 @@ class Config:
         only_changed, covered, limit, window, *more = rest
         metadata = tuple(more[0]) if more else ()
         templated, qs, body = more[1:4] if len(more) >= 4 else (False, [], None)
+        mqtt = more[4] if len(more) >= 5 else None
         return cls(
             url,
             method,
@@ -294,6 +309,7 @@ class Config:
             bool(templated),
             tuple((k, v) for k, v in qs),
             None if body is None else (body[0], body[1]),
+            None if mqtt is None else Mqtt.from_list(mqtt),
         )
 
 
@@ -313,6 +329,8 @@ class _Subscription:
     wrapper: bytes  # the body's start for the wrapped formats
     custom: _Custom | None = None
     own_token: bool = False
+    broker: Broker | None = None  # MQTT: where it publishes (None if it cannot)
+    topic: Text | None = None  # mqttCustom: its topic compiled, if it holds a macro
     fails_counter: int = 0
     last_success: float | None = None  # these four: since the last report
     last_success_code: int = 0
@@ -405,6 +423,7 @@ class Worker:
         self._changed: dict[str, _Subscription] = {}  # to report
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: HttpClient | None = None
+        self._mqtt = MqttClient()
         self._out: asyncio.WriteTransport | None = None
         self._report_due = False
         self._sending = 0  # subscriptions with a request in flight (drains running)
@@ -427,6 +446,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self._client.close()
+            await self._mqtt.close()
 
     async def _serve(self, reader: asyncio.StreamReader) -> bool:
         """Act on what comes down the pipe until ``["q"]`` (True) or its end (False)."""
@@ -501,7 +521,8 @@ class Worker:
         elif kind == "s":
             _kind, number, sid, generation, fails, data = message
             config = Config.from_list(data)
-            target, service = _target(config)
+            target, service = _target(config) if config.mqtt is None else (None, b"")
+            broker, topic = _mqtt_target(config)
             wrapper = b'{"subscriptionId":"%s","data":[' % sid.encode()
             custom = _Custom.compile(config)
             own_token = any(k.lower() == AUTH_TOKEN for k, _v in config.headers)
@@ -514,6 +535,7 @@ class Worker:
                 subscription.config, subscription.generation = config, generation
                 subscription.target, subscription.service = target, service
                 subscription.custom, subscription.own_token = custom, own_token
+            subscription.broker, subscription.topic = broker, topic
             if fails is not None:
                 subscription.fails_counter = fails
         elif kind == "f":
@@ -590,7 +612,10 @@ class Worker:
         attempt = 0
         while not subscription.gone:  # a deleted subscription's retries stop
             attempt += 1
-            status, reason, after = await self._attempt(subscription, one, number, nid)
+            if subscription.config.mqtt is None:
+                status, reason, after, final = await self._attempt(subscription, one, number, nid)
+            else:
+                status, reason, after, final = await self._publish(subscription, one)
             if status and (not retried(status) or not window):
                 # an answer: a success as Orion counts it (no window: 5xx and 429 too)
                 subscription.last_success = time.time()
@@ -599,8 +624,7 @@ class Worker:
                 subscription.delivered += 1
                 break
             wait = self._backoff.delay(attempt, after if status in (429, 503) else None)
-            unsendable = subscription.target is None or reason == UNSENDABLE
-            if unsendable or time.monotonic() + wait > deadline:
+            if final or time.monotonic() + wait > deadline:
                 subscription.last_failure = time.time()
                 subscription.last_failure_reason = reason
                 subscription.fails_counter += 1
@@ -612,34 +636,65 @@ class Worker:
 
     async def _attempt(
         self, subscription: _Subscription, one: _Entity, number: int, nid: bytes
-    ) -> tuple[int, str, float | None]:
+    ) -> tuple[int, str, float | None, bool]:
         """One request of a notification: (the answer's status or 0, why it failed, the
-        seconds its Retry-After asks for); the subscription's config as it is now (PATCH)."""
+        seconds its Retry-After asks for, whether it is given up at once: it cannot be
+        sent); the subscription's config as it is now (PATCH)."""
         assert self._client is not None, "the worker has not started"
         config, target, own_service = subscription.config, subscription.target, subscription.service
         custom = subscription.custom
         if custom is None:
-            body = _body(subscription, one)
-            if config.attrs_format in _WRAPPED:
-                body = b"%s%s]}" % (subscription.wrapper, body)
+            body = _wrapped(subscription, one)
         else:
             try:
                 target, own_service, body = custom.render(subscription, one)
             except ValueError as exc:
                 _log.debug("a notification of %s cannot be sent: %s", subscription.id, exc)
-                return 0, UNSENDABLE, None
+                return 0, UNSENDABLE, None, True
         service, token, rest = one.header_lines()
         if subscription.own_token:
             token = b""
         extra = b"%s%s%s%d\r\n%s" % (service or own_service, token, rest, number, nid)
+        if target is None:
+            return 0, UNSENDABLE, None, True
         try:
-            if target is None:
-                raise TransportError(UNSENDABLE)
             data = target.head(extra, len(body)) + body
             status, after = await self._client.exchange(target, data, config.timeout)
         except TransportError as exc:
-            return 0, exc.reason, None
-        return status, f"HTTP {status} answer", after
+            return 0, exc.reason, None, False
+        return status, f"HTTP {status} answer", after, False
+
+    async def _publish(
+        self, subscription: _Subscription, one: _Entity
+    ) -> tuple[int, str, float | None, bool]:
+        """One publish of a notification to its subscription's MQTT broker, the outcome as
+        :meth:`_attempt` gives it (:data:`PUBLISHED` once the broker has the message). A
+        broker refusing the connection (its user or password) gives it up at once, as a
+        topic that cannot be published to does; failing to reach the broker is retried."""
+        config, mqtt, broker = subscription.config, subscription.config.mqtt, subscription.broker
+        assert mqtt is not None, "an MQTT subscription"
+        custom = subscription.custom
+        try:
+            if broker is None:
+                raise ValueError("the broker's URL cannot be used")
+            context = one.context()
+            topic = (
+                mqtt.topic if subscription.topic is None else fill_text(subscription.topic, context)
+            )
+            body = (
+                _wrapped(subscription, one)
+                if custom is None
+                else custom.body(subscription, one, context)
+            )
+            await self._mqtt.publish(broker, topic, body, mqtt.qos, mqtt.retain, config.timeout)
+        except ValueError as exc:
+            _log.debug("a notification of %s cannot be published: %s", subscription.id, exc)
+            return 0, UNPUBLISHABLE, None, True
+        except Refused as exc:
+            return 0, exc.reason, None, True
+        except TransportError as exc:
+            return 0, exc.reason, None, False
+        return PUBLISHED, "", None, False
 
     def _dropped(self, subscription: _Subscription, count: int, *, failure: bool = True) -> None:
         """Count notifications dropped: for a full queue (a ``failure``, as Orion counts
@@ -691,6 +746,15 @@ class Worker:
         out = self._out
         if out is not None and not out.is_closing():
             out.write(msgpack.packb(message))
+
+
+def _wrapped(subscription: _Subscription, one: _Entity) -> bytes:
+    """The normal body of a notification: the rendered entity, wrapped in
+    ``{"subscriptionId", "data"}`` unless the format is a simplified one."""
+    body = _body(subscription, one)
+    if subscription.config.attrs_format in _WRAPPED:
+        body = b"%s%s]}" % (subscription.wrapper, body)
+    return body
 
 
 def _body(subscription: _Subscription, one: _Entity) -> bytes:
@@ -768,6 +832,20 @@ def _target(config: Config) -> tuple[Target | None, bytes]:
         return None, b""
 
 
+def _mqtt_target(config: Config) -> tuple[Broker | None, Text | None]:
+    """Where an MQTT subscription publishes (None if it cannot), and its topic compiled if
+    it holds a macro (mqttCustom: ``templated``); (None, None) for an HTTP one."""
+    mqtt = config.mqtt
+    if mqtt is None:
+        return None, None
+    try:
+        topic = compile_text(mqtt.topic, "topic") if config.templated else None
+        return Broker.parse(config.url, mqtt.user, mqtt.passwd), topic
+    except (ValueError, InvalidInput) as exc:
+        _log.warning("notifications to %s cannot be published: %s", config.url, exc)
+        return None, None
+
+
 def _request_target(
     url: str, method: str, headers: tuple[tuple[str, str], ...]
 ) -> tuple[Target, bytes]:
@@ -815,7 +893,7 @@ class _Custom:
         url: Text | None = None
         qs: tuple[tuple[str, Text], ...] = ()
         headers: tuple[tuple[str, Text], ...] = ()
-        if config.templated:
+        if config.templated and config.mqtt is None:
             url = compile_text(config.url, "url")
             qs = tuple((k, compile_text(v, k)) for k, v in config.qs)
             headers = tuple((k, compile_text(v, k)) for k, v in config.headers)
@@ -844,9 +922,10 @@ class _Custom:
                 url += ("&" if "?" in url else "?") + urlencode(pairs)
             headers = tuple((k, fill_text(v, context)) for k, v in self.headers)
             target, service = _request_target(url, subscription.config.method, headers)
-        return target, service, self._body(subscription, one, context)
+        return target, service, self.body(subscription, one, context)
 
-    def _body(self, subscription: _Subscription, one: _Entity, context: Context) -> bytes:
+    def body(self, subscription: _Subscription, one: _Entity, context: Context) -> bytes:
+        """The body of one notification of ``one``."""
         kind = self.kind
         if kind == "payload":
             return b"" if self.payload is None else fill_text(self.payload, context).encode()

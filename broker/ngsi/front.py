@@ -46,6 +46,7 @@ from broker.ngsi.notifier import (
     DEFAULT_TOTAL_LIMIT,
     Notifier,
 )
+from broker.ngsi.registrations import Registrations, RegistrationStore
 from broker.ngsi.request import BODY_TIMEOUT, MAX_BODY, READ_TIMEOUT, checks
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.ngsi.subscriptions import HttpSubscription, Parsed, parse_document
@@ -60,6 +61,7 @@ __all__ = [
     "FrontOptions",
     "NgsiFront",
     "OnFronts",
+    "OpenRegistrations",
     "OpenRegistry",
     "application",
     "delivery_config",
@@ -84,6 +86,8 @@ OnFronts = Callable[[dict[str, str], bool], None]
 # a front's registry (broker.coordination.http_subscriptions): given the front's HTTP address
 # and what to call when the fronts change
 OpenRegistry = Callable[[str, OnFronts], Registry]
+# where the registrations are kept (broker.coordination.registrations.RegistrationStore)
+OpenRegistrations = Callable[[], RegistrationStore]
 # what puts the API's routes on the front's application (broker.ngsi.routes.add_routes)
 AddRoutes = Callable[[web.Application, "NgsiFront"], None]
 
@@ -146,6 +150,7 @@ class NgsiFront:
         options: FrontOptions,
         registry: OpenRegistry,
         entities: EntityStore | None = None,
+        registrations: OpenRegistrations | None = None,
     ) -> None:
         self.port = port
         self.options = options
@@ -166,6 +171,9 @@ class NgsiFront:
         self._runner: web.AppRunner | None = None
         self.address = ""
         self._open_registry = registry
+        self._open_registrations = registrations
+        # the context providers (broker.ngsi.registrations); None: registrations not served
+        self.registrations: Registrations | None = None
         self._kept: Registry | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._rescan = asyncio.Event()  # the fronts changed: look for orphans
@@ -198,11 +206,16 @@ class NgsiFront:
         try:
             self._kept = self._open_registry(f"{advertised}:{bound}", self._fronts_changed)
             await self._kept.join()
+            if self._open_registrations is not None:
+                self.registrations = Registrations(self._open_registrations(), self.allow)
+                await self.registrations.start()
             await self.notifier.start()
             self._publisher.start()
             await web.SockSite(self._runner, sock).start()
         except BaseException:
             sock.close()
+            if self.registrations is not None:
+                await self.registrations.stop()
             await self._runner.cleanup()
             raise
         self._keeper = asyncio.get_running_loop().create_task(self._keep_up())
@@ -225,6 +238,8 @@ class NgsiFront:
                 await self._kept.release(list(self.subscriptions))
             except SilboError as exc:
                 _log.warning("the HTTP subscriptions were not given up cleanly: %s", exc)
+        if self.registrations is not None:
+            await self.registrations.stop()
         await self._publisher.stop()
         await self.notifier.stop()
         await self.entities.close()
@@ -645,6 +660,7 @@ def delivery_config(parsed: Parsed) -> Config:
         templated,
         channel.qs if templated else (),
         channel.body,
+        channel.mqtt,
     )
 
 

@@ -18,6 +18,9 @@ middleware (:func:`broker.ngsi.request.checks`) turns each typed error into Orio
   neither is 406 NotAcceptable ("accepted MIME types: ...").
 - ``GET /v2/types`` and ``GET /v2/types/{type}`` (api: Types): 200, ``Fiware-Total-Count``
   with ``options=count``; 404 for a type no entity has.
+
+With a :class:`Forward` (:class:`broker.ngsi.forwarding.Forwarder`), the entity routes also
+ask the context providers of registered attributes, and answer what they say.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from broker.store.rendering import (
 )
 from broker.store.semantics import Document
 
-__all__ = ["TOTAL_COUNT", "LocalReader", "Reader", "Reads"]
+__all__ = ["TOTAL_COUNT", "Forward", "LocalReader", "Reader", "Reads"]
 
 TOTAL_COUNT = "Fiware-Total-Count"
 SERVICE_PATH = "Fiware-ServicePath"
@@ -69,6 +72,15 @@ class Reader(Protocol):
 
     async def types(self, query: TypesQuery) -> TypesPage:
         """The page of a types query."""
+
+
+class Forward(Protocol):
+    """What asks the context providers (broker.ngsi.forwarding)."""
+
+    async def query(
+        self, page: Page, query: EntityQuery, request: web.Request, *, single: bool = False
+    ) -> Page:
+        """The page with the providers' attributes (``single``: a one-entity query)."""
 
 
 class LocalReader:
@@ -93,10 +105,11 @@ class LocalReader:
 
 
 class Reads:
-    """The read routes, over a :class:`Reader`."""
+    """The read routes, over a :class:`Reader` (and a :class:`Forward`, if given)."""
 
-    def __init__(self, reader: Reader) -> None:
+    def __init__(self, reader: Reader, forward: Forward | None = None) -> None:
         self.reader = reader
+        self.forward = forward
 
     def routes(self) -> list[web.RouteDef]:
         """Every read route, each also with one trailing '/' (Orion strips it); a GET
@@ -123,7 +136,7 @@ class Reads:
         query = parse_entity_query(
             request.query, tenant_of(request), request.headers.get(SERVICE_PATH)
         )
-        return await self._page(query)
+        return await self._page(query, request)
 
     async def query(self, request: web.Request) -> web.Response:
         """``POST /v2/op/query``."""
@@ -131,7 +144,7 @@ class Reads:
         query = parse_query_body(
             body, request.query, tenant_of(request), request.headers.get(SERVICE_PATH)
         )
-        return await self._page(query)
+        return await self._page(query, request)
 
     async def get_entity(self, request: web.Request) -> web.Response:
         """``GET /v2/entities/{id}``."""
@@ -175,8 +188,10 @@ class Reads:
         )
         return json_response(render_type(await self.reader.types(query)))
 
-    async def _page(self, query: EntityQuery) -> web.Response:
+    async def _page(self, query: EntityQuery, request: web.Request) -> web.Response:
         page = await self.reader.query(query)
+        if self.forward is not None:
+            page = await self.forward.query(page, query, request)
         headers = {TOTAL_COUNT: str(page.count)} if query.count else None
         return json_response(render_page(page, query), headers=headers)
 
@@ -187,7 +202,10 @@ class Reads:
             tenant_of(request),
             request.headers.get(SERVICE_PATH),
         )
-        return one(await self.reader.query(query)), query
+        page = await self.reader.query(query)
+        if self.forward is not None:
+            page = await self.forward.query(page, query, request, single=True)
+        return one(page), query
 
 
 def _value_response(value: Any, accept: str | None) -> web.Response:

@@ -4,7 +4,8 @@ Writes go to the entity store (broker.store.client: the context store layer, or 
 own memory without one), which applies Orion's semantics and answers what each did; the
 front then publishes the whole entity with its change and answers once it is delivered.
 Reads (broker.ngsi.reads) ask the same store. Subscriptions are the broker's own.
-Registrations answer 501 NotImplemented (issue 18).
+Registrations (broker.ngsi.registrations) are kept in ZooKeeper; the attributes they register
+are read from and written to their context providers (broker.ngsi.forwarding).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from broker.errors import InvalidInput, InvalidUpdate, NotFound, Unavailable
+from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError, Unavailable
 from broker.model.attribute import check_value
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
 from broker.model.update import DEFAULT_ENTITY_TYPE
@@ -33,8 +34,10 @@ from broker.ngsi.entity import (
     parse_text_value,
 )
 from broker.ngsi.errors import NotServed, PartialUpdate
+from broker.ngsi.forwarding import Forwarded, Forwarder
 from broker.ngsi.front import ORION_VERSION, NgsiFront
 from broker.ngsi.reads import Reads
+from broker.ngsi.registrations import Registrations
 from broker.ngsi.request import (
     auth_token_of,
     correlator_of,
@@ -93,6 +96,16 @@ _ACTIONS = {
 _ENTITY = "/v2/entities/{id:[^/]+}"
 _ATTR = "/attrs/{attr:[^/]+}"
 _SUBSCRIPTION = "/v2/subscriptions/{sid:[^/]+}"
+_REGISTRATION = "/v2/registrations/{rid:[^/]+}"
+_NO_ENTITY = "The requested entity has not been found. Check type and id"
+_FORWARDED_ACTIONS = {  # the batch action of a write's mode, as forwarded to providers
+    Mode.APPEND: "append",
+    Mode.UPSERT: "append",
+    Mode.APPEND_STRICT: "appendStrict",
+    Mode.UPDATE: "update",
+    Mode.REPLACE: "replace",
+    Mode.REPLACE_ATTRIBUTE: "update",
+}
 
 
 def add_routes(app: web.Application, front: NgsiFront) -> None:
@@ -118,19 +131,16 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         ("GET", _SUBSCRIPTION, routes.get_subscription),
         ("PATCH", _SUBSCRIPTION, routes.patch_subscription),
         ("DELETE", _SUBSCRIPTION, routes.delete_subscription),
+        ("POST", "/v2/registrations", routes.create_registration),
+        ("GET", "/v2/registrations", routes.list_registrations),
+        ("GET", _REGISTRATION, routes.get_registration),
+        ("PATCH", _REGISTRATION, routes.patch_registration),
+        ("DELETE", _REGISTRATION, routes.delete_registration),
     ]
-    not_served = [
-        ("GET", "/v2/registrations"),
-        ("POST", "/v2/registrations"),
-        ("GET", "/v2/registrations/{rid:[^/]+}"),
-        ("PATCH", "/v2/registrations/{rid:[^/]+}"),
-        ("DELETE", "/v2/registrations/{rid:[^/]+}"),
-    ]
-    table += [(method, path, routes.not_served) for method, path in not_served]
     for method, path, handler in table:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)
-    app.router.add_routes(Reads(routes.reader).routes())
+    app.router.add_routes(Reads(routes.reader, routes.forwarder).routes())
     app.on_cleanup.append(routes.close)
 
 
@@ -150,6 +160,7 @@ class _Routes:
     def __init__(self, front: NgsiFront) -> None:
         self.front = front
         self.reader = StoreReader(lambda: front.entities)
+        self.forwarder = Forwarder(lambda: front.registrations)
         self._session: aiohttp.ClientSession | None = None  # to the other fronts
         self._started = self._measuring = time.monotonic()  # uptime; statistics since
 
@@ -197,12 +208,6 @@ class _Routes:
                 "subscriptions_url": "/v2/subscriptions",
                 "registrations_url": "/v2/registrations",
             }
-        )
-
-    async def not_served(self, request: web.Request) -> web.Response:
-        raise NotServed(
-            f"{request.method} {request.path} is not served: Silbo is a broker, not a context "
-            "store (see docs/ngsi.md)"
         )
 
     # -- updates -----------------------------------------------------------------------------
@@ -264,12 +269,41 @@ class _Routes:
         status = 204 if upsert else 201
         return web.Response(status=status, headers={"Location": _location(entity_id, entity_type)})
 
+    async def _write(
+        self,
+        request: web.Request,
+        named: Named,
+        mode: Mode,
+        attributes: Attributes,
+        *,
+        value_only: bool = False,
+    ) -> None:
+        """Apply a write of one entity's attributes: the registered ones go to their context
+        providers, the others to the store (broker.ngsi.forwarding)."""
+        _tenant, path, entity_id, entity_type = named
+        local, forwarded = await self.forwarder.update(
+            request, _FORWARDED_ACTIONS[mode], path, [(entity_id, entity_type, attributes)]
+        )
+        if not forwarded.sent:
+            await self._apply(
+                request, self._intent(request, named, mode, attributes, value_only=value_only)
+            )
+            return
+        failure = None
+        if local:
+            intent = self._intent(request, named, mode, local[0][2], value_only=value_only)
+            try:
+                await self._apply(request, intent)
+            except SilboError as exc:
+                failure = exc
+        _answer_forwarded(forwarded, bool(local), failure)
+
     async def _attributes(self, request: web.Request, mode: Mode) -> web.Response:
         options = options_of(request)
         body = await read_json(request)
         attributes = parse_attributes(body, key_values="keyValues" in options)
         named = self._named(request, request.match_info["id"])
-        await self._apply(request, self._intent(request, named, mode, attributes))
+        await self._write(request, named, mode, attributes)
         return web.Response(status=204)
 
     async def append_attributes(self, request: web.Request) -> web.Response:
@@ -288,9 +322,7 @@ class _Routes:
         name = request.match_info["attr"]
         attribute = parse_attribute(name, body, key_values=False)
         named = self._named(request, request.match_info["id"])
-        await self._apply(
-            request, self._intent(request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute})
-        )
+        await self._write(request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute})
         return web.Response(status=204)
 
     async def replace_value(self, request: web.Request) -> web.Response:
@@ -315,10 +347,9 @@ class _Routes:
             if await self._type_of(named, name) != "TextUnrestricted":
                 raise
         attribute = {"type": None, "value": value, "metadata": {}}
-        intent = self._intent(
+        await self._write(
             request, named, Mode.REPLACE_ATTRIBUTE, {name: attribute}, value_only=True
         )
-        await self._apply(request, intent)
         return web.Response(status=204)
 
     async def _type_of(self, named: Named, name: str) -> str | None:
@@ -376,6 +407,27 @@ class _Routes:
         action: str,
         entities: list[tuple[str, str | None, Attributes]],
     ) -> None:
+        """Send the registered attributes to their context providers, apply the rest."""
+        local, forwarded = await self.forwarder.update(
+            request, action, service_path_of(request), entities
+        )
+        if not forwarded.sent:
+            await self._batch_local(request, action, entities)
+            return
+        failure = None
+        if local:
+            try:
+                await self._batch_local(request, action, local)
+            except SilboError as exc:
+                failure = exc
+        _answer_forwarded(forwarded, bool(local), failure)
+
+    async def _batch_local(
+        self,
+        request: web.Request,
+        action: str,
+        entities: list[tuple[str, str | None, Attributes]],
+    ) -> None:
         """Apply every entity's write; publish what applied; answer as Orion does."""
         tenant, path = tenant_of(request), service_path_of(request)
         intents = []
@@ -407,6 +459,60 @@ class _Routes:
                 raise NotFound(f"{len(errors)} of {len(entities)} entities: {errors[0]}")
             raise next(e for e in errors if not isinstance(e, NotFound))
         raise PartialUpdate(f"{len(errors)} of {len(entities)} entities failed: {errors[0]}")
+
+    # -- registrations -----------------------------------------------------------------------
+
+    def _registrations(self) -> Registrations:
+        registrations = self.front.registrations
+        if registrations is None:
+            raise NotServed("this front keeps no registrations (it runs without ZooKeeper)")
+        return registrations
+
+    async def create_registration(self, request: web.Request) -> web.Response:
+        options_of(request)
+        registrations = self._registrations()
+        body = await read_json(request)
+        registration = await registrations.create(
+            tenant_of(request), service_path_of(request), body
+        )
+        return web.Response(
+            status=201, headers={"Location": f"/v2/registrations/{registration.id}"}
+        )
+
+    async def list_registrations(self, request: web.Request) -> web.Response:
+        """The tenant's registrations (of the service path, if the request names one),
+        oldest first."""
+        options = options_of(request)
+        registrations = self._registrations()
+        limit = _whole(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+        offset = _whole(request, "offset", 0, 0, None)
+        given = request.headers.get("Fiware-ServicePath", "").strip()
+        path = service_path_of(request) if given else None
+        listed = registrations.listed(tenant_of(request), path)
+        now = _now()
+        page = [
+            r.to_json(await registrations.counts(r), now) for r in listed[offset : offset + limit]
+        ]
+        headers = {"Fiware-Total-Count": str(len(listed))} if "count" in options else {}
+        return json_response(page, headers=headers)
+
+    async def get_registration(self, request: web.Request) -> web.Response:
+        registrations = self._registrations()
+        found = await registrations.find(tenant_of(request), request.match_info["rid"])
+        return json_response(found.to_json(await registrations.counts(found), _now()))
+
+    async def patch_registration(self, request: web.Request) -> web.Response:
+        options_of(request)
+        registrations = self._registrations()
+        found = await registrations.find(tenant_of(request), request.match_info["rid"])
+        await registrations.patch(found, await read_json(request))
+        return web.Response(status=204)
+
+    async def delete_registration(self, request: web.Request) -> web.Response:
+        registrations = self._registrations()
+        found = await registrations.find(tenant_of(request), request.match_info["rid"])
+        await registrations.delete(found)
+        return web.Response(status=204)
 
     # -- subscriptions -----------------------------------------------------------------------
 
@@ -535,9 +641,23 @@ class _Routes:
         return self._session
 
     async def close(self, _app: web.Application) -> None:
-        """Close the connections to the other fronts."""
+        """Close the connections to the other fronts and to the context providers."""
         if self._session is not None:
             await self._session.close()
+        await self.forwarder.close()
+
+
+def _answer_forwarded(forwarded: Forwarded, local: bool, failure: SilboError | None) -> None:
+    """Answer a write part of which went to context providers, as Orion does: nothing if
+    every part succeeded; NotFound (or the store's error) if none did; PartialUpdate else."""
+    if forwarded.failed == 0 and failure is None:
+        return
+    if forwarded.succeeded == 0 and (not local or failure is not None):
+        if failure is not None:
+            raise failure
+        raise NotFound(f"{_NO_ENTITY} ({forwarded.failure})")
+    description = forwarded.failure if forwarded.failed else str(failure)
+    raise PartialUpdate(f"some attributes were not updated: {description}")
 
 
 def _passed_on(request: web.Request) -> dict[str, str]:

@@ -4,13 +4,14 @@
 :class:`Parsed`; a PATCH is the stored document with the sent top-level fields replaced,
 validated again whole. :class:`HttpSubscription` is one subscription held by this front:
 what the matchers get (:meth:`HttpSubscription.spec`: entities, scope, q, mq, expires), and
-what only the front uses (alteration types, condition attributes, the notification fields,
-the status keeping of section 5). Condition attributes are not sent to the matchers: the
-front publishes whole entities, so "carries the attribute" says nothing; whether a condition
-attribute *changed* is decided here (:mod:`broker.ngsi.change`). So is a geographical
-condition (``expression.georel``, ``geometry``, ``coords``: :mod:`broker.store.geo`, parsed
-once into :attr:`Parsed.geo`): the matchers know nothing of locations, and the front has the
-whole entity after the update (:mod:`broker.ngsi.firing`).
+what only the front uses (alteration types, condition attributes, the notification fields
+and channel, :mod:`broker.ngsi.channel`, the status keeping of section 5). Condition
+attributes are not sent to the matchers: the front publishes whole entities, so "carries
+the attribute" says nothing; whether a condition attribute *changed* is decided here
+(:mod:`broker.ngsi.change`). So is a geographical condition (``expression.georel``,
+``geometry``, ``coords``: :mod:`broker.store.geo`, parsed once into :attr:`Parsed.geo`):
+the matchers know nothing of locations, and the front has the whole entity after the
+update (:mod:`broker.ngsi.firing`).
 
 Status transitions (``status``):
 
@@ -40,18 +41,15 @@ from broker.model.subscription import (
 )
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration
+from broker.ngsi.channel import CHANNELS, Channel, parse_channel
 from broker.ngsi.errors import NotServed
-from broker.ngsi.http_client import check_header
 from broker.ngsi.retry import window_problem
-from broker.ngsi.templates import compile_json, compile_ngsi, compile_text, has_macro
 from broker.store.geo import GeoFilter, parse_geo
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import add_selectors
 
 __all__ = ["Channel", "HttpSubscription", "Parsed", "iso", "merged", "parse_document"]
 
-MAX_TIMEOUT_MS = 1_800_000
-DEFAULT_TIMEOUT_MS = 5_000
 _TOP = frozenset({"description", "subject", "notification", "expires", "status", "throttling"})
 _READ_ONLY = frozenset({"id"})
 _SUBJECT = frozenset({"entities", "condition"})
@@ -70,12 +68,7 @@ _NOTIFICATION = frozenset(
         "covered",
         "maxFailsLimit",
         "retryWindow",
-        "http",
-        "httpCustom",
-        "mqtt",
-        "mqttCustom",
-        "kafka",
-        "kafkaCustom",
+        *CHANNELS,
     }
 )
 _NOTIFICATION_READ_ONLY = frozenset(
@@ -89,10 +82,6 @@ _NOTIFICATION_READ_ONLY = frozenset(
         "failsCounter",
     }
 )
-_CHANNELS = frozenset({"http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom"})
-_CUSTOM = frozenset({"url", "headers", "qs", "method", "timeout", "payload", "json", "ngsi"})
-_BODIES = ("payload", "json", "ngsi")  # httpCustom's templates of the body: one at most
-_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 _DEFAULT_ALTERATIONS: tuple[Alteration, ...] = (Alteration.CREATE, Alteration.CHANGE)
 # the moments a datetime can show (an ISO 8601 offset takes a date past them)
 _FIRST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
@@ -131,28 +120,6 @@ def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise InvalidSubscription(f"{what} must be a string")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class Channel:
-    """Where and how notifications go (``http`` or ``httpCustom``). ``url``, the header and
-    ``qs`` values may hold macros (:mod:`broker.ngsi.templates`); ``body`` is httpCustom's
-    template of the body, if it has one: ``("payload", text or None)``, ``("json", object or
-    array)`` or ``("ngsi", entity fragment)``, as given."""
-
-    custom: bool
-    url: str
-    timeout: float  # seconds
-    method: str = "POST"
-    headers: tuple[tuple[str, str], ...] = ()
-    qs: tuple[tuple[str, str], ...] = ()
-    body: tuple[str, Any] | None = None
-
-    def templated(self) -> bool:
-        """Tell whether the URL, a header or a ``qs`` value holds a macro (the request's
-        line and headers are then made per notification, not once)."""
-        texts = (self.url, *(v for _k, v in self.headers), *(v for _k, v in self.qs))
-        return any(has_macro(t) for t in texts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,114 +216,6 @@ def _condition(value: Any) -> Condition:
     return attrs, q, mq, alterations, on_metadata, geo
 
 
-def _timeout(value: Any, what: str) -> float:
-    if value is None:
-        return DEFAULT_TIMEOUT_MS / 1000
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMEOUT_MS:
-        raise InvalidSubscription(f"{what} must be a whole number of ms from 0 to {MAX_TIMEOUT_MS}")
-    return (value or DEFAULT_TIMEOUT_MS) / 1000
-
-
-def _pairs(value: Any, what: str) -> tuple[tuple[str, str], ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise InvalidSubscription(f"{what} must be an object of strings")
-    return tuple(value.items())
-
-
-def _headers(value: Any, what: str) -> tuple[tuple[str, str], ...]:
-    pairs = _pairs(value, what)
-    for name, text in pairs:
-        try:
-            check_header(name, text)
-        except ValueError as exc:
-            raise InvalidSubscription(f"{what}: {exc}") from None
-    return pairs
-
-
-def _channel(notification: dict[str, Any], allow: AllowList) -> Channel:
-    channels = [
-        k
-        for k in notification
-        if k in ("http", "httpCustom", "mqtt", "mqttCustom", "kafka", "kafkaCustom")
-    ]
-    if len(channels) != 1:
-        raise InvalidSubscription(
-            "notification needs exactly one of http and httpCustom (mqtt and kafka are not served)"
-        )
-    kind = channels[0]
-    if kind not in ("http", "httpCustom"):
-        raise NotServed(f"{kind} notifications are not served by Silbo; use http or httpCustom")
-    if kind == "http":
-        http = _object(notification["http"], "notification.http", frozenset({"url", "timeout"}))
-        url = _text(http.get("url"), "notification.http.url")
-        allow.check_url(url, "notification.http.url")
-        return Channel(False, url, _timeout(http.get("timeout"), "notification.http.timeout"))
-    custom = _object(notification["httpCustom"], "notification.httpCustom", _CUSTOM)
-    url = _text(custom.get("url"), "notification.httpCustom.url")
-    _url_template(url, "notification.httpCustom.url")
-    allow.check_url(url, "notification.httpCustom.url")
-    method = _text(custom.get("method", "POST"), "notification.httpCustom.method").upper()
-    if method not in _METHODS:
-        raise InvalidSubscription(f"notification.httpCustom.method {method!r} is not a method")
-    headers = _headers(custom.get("headers"), "notification.httpCustom.headers")
-    qs = _pairs(custom.get("qs"), "notification.httpCustom.qs")
-    for key, value in headers:
-        compile_text(value, f"notification.httpCustom.headers.{key}")
-    for key, value in qs:
-        compile_text(value, f"notification.httpCustom.qs.{key}")
-    return Channel(
-        True,
-        url,
-        _timeout(custom.get("timeout"), "notification.httpCustom.timeout"),
-        method,
-        headers,
-        qs,
-        _body(custom),
-    )
-
-
-def _url_template(url: str, what: str) -> None:
-    """Check the macros of a URL: plain names, and none before its path (the allow-list
-    judges the host when the subscription is created: a macro there could send the
-    notifications anywhere)."""
-    if not has_macro(url):
-        return
-    compile_text(url, what)
-    scheme_end = url.find("://")
-    start = scheme_end + 3 if scheme_end >= 0 else 0
-    ends = [i for i in (url.find(c, start) for c in "/?#") if i >= 0]
-    authority_end = min(ends) if ends else len(url)
-    if url.find("${") < authority_end:
-        raise InvalidSubscription(
-            f"{what}: a macro cannot be in the URL's scheme, host or port (only in its path "
-            "and query), so that the notification allow-list can judge the host"
-        )
-
-
-def _body(custom: dict[str, Any]) -> tuple[str, Any] | None:
-    """httpCustom's template of the body (validated, as given), or None (the normal body)."""
-    given = [k for k in _BODIES if k in custom]
-    if len(given) > 1:
-        raise InvalidSubscription(
-            "only one of payload, json or ngsi fields accepted at the same time in httpCustom"
-        )
-    if not given:
-        return None
-    kind = given[0]
-    value = custom[kind]
-    what = f"notification.httpCustom.{kind}"
-    if kind == "payload":
-        if value is not None:
-            compile_text(_text(value, what), what)
-    elif kind == "json":
-        compile_json(value, what)
-    else:
-        compile_ngsi(value, what)
-    return kind, value
-
-
 def parse_document(body: Any, allow: AllowList) -> Parsed:
     """Validate a whole subscription document (InvalidInput or NotServed otherwise)."""
     document = _object(body, "the subscription", _TOP | _READ_ONLY)
@@ -376,7 +235,7 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     notification = _object(
         document["notification"], "notification", _NOTIFICATION | _NOTIFICATION_READ_ONLY
     )
-    channel = _channel(notification, allow)
+    channel = parse_channel(notification, allow)
     attrs = _strings(notification.get("attrs", []), "notification.attrs")
     except_attrs = _strings(notification.get("exceptAttrs", []), "notification.exceptAttrs")
     if "attrs" in notification and "exceptAttrs" in notification:
@@ -553,8 +412,8 @@ class HttpSubscription:
             notification["attrs"] = list(p.attrs)
         notification["onlyChangedAttrs"] = p.only_changed
         notification["attrsFormat"] = p.attrs_format.value
-        channel = "httpCustom" if p.channel.custom else "http"
-        notification[channel] = doc["notification"][channel]
+        channel = p.channel.kind
+        notification[channel] = p.channel.shown(doc["notification"][channel])
         if "metadata" in doc["notification"]:
             notification["metadata"] = doc["notification"]["metadata"]
         notification["covered"] = p.covered
@@ -571,7 +430,8 @@ class HttpSubscription:
             notification["lastFailureReason"] = self.last_failure_reason
         if self.last_success is not None:
             notification["lastSuccess"] = iso(self.last_success)
-            notification["lastSuccessCode"] = self.last_success_code
+            if p.channel.mqtt is None:  # MQTT has no answer's code (Orion shows none)
+                notification["lastSuccessCode"] = self.last_success_code
         if self.fails_counter:
             notification["failsCounter"] = self.fails_counter
         if self.dropped:

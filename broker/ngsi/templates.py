@@ -1,5 +1,5 @@
-"""httpCustom templates: Orion's ``${...}`` macros, and the ``payload`` / ``json`` / ``ngsi``
-bodies of custom notifications (ngsi-v2.md section 3), without JEXL.
+"""httpCustom and mqttCustom templates: Orion's ``${...}`` macros, and the ``payload`` /
+``json`` / ``ngsi`` bodies of custom notifications (ngsi-v2.md section 3), without JEXL.
 
 A macro names a value of the notified entity: ``${id}``, ``${type}``, ``${service}`` (the
 tenant, empty for the default one), ``${servicePath}``, ``${authToken}`` (the

@@ -54,6 +54,7 @@ from google.protobuf.message import DecodeError, Message
 from broker.coordination.configuration import Configuration
 from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
+from broker.coordination.registrations import RegistrationStore
 from broker.coordination.scale import report as scale_report
 from broker.errors import (
     InvalidInput,
@@ -1118,6 +1119,7 @@ class _FrontPort:
             ),
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
             self._cp.entities,
+            lambda: RegistrationStore(context.zk, context.loop),
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))

@@ -1,6 +1,6 @@
 """A cluster started again from its state directory is the cluster it was: its HTTP
-subscriptions (with their statuses) are there and fire, and each layer has the size it was
-scaled to; ``silbo down --purge`` starts from nothing (broker.cluster.durable).
+subscriptions (with their statuses) and registrations are there and fire, and each layer
+has the size it was scaled to; ``silbo down --purge`` starts from nothing (broker.cluster.durable).
 
 Real commands as a user runs them: ``silbo up --detach``, ``silbo admin scale``, ``silbo
 down``, each its own process, with an embedded ZooKeeper on the state directory.
@@ -68,6 +68,14 @@ def test_subscriptions_and_sizes_survive_down_and_up(tmp_path: Path) -> None:
         )
         assert created.status == 201, created
         sid = created.headers["Location"].rsplit("/", 1)[1]
+        registration = {
+            "description": "kept too",
+            "dataProvided": {"entities": [{"id": "Lamp1", "type": "Lamp"}], "attrs": ["on"]},
+            "provider": {"http": {"url": receiver.url()}},
+        }
+        registered = front.call("POST", "/v2/registrations", registration)
+        assert registered.status == 201, registered
+        rid = registered.headers["Location"].rsplit("/", 1)[1]
         assert front.call("POST", "/v2/entities", {"id": "Room1", "t": {"value": 1}}).status == 201
         receiver.wait_for(1)
         _silbo("admin", "scale", "matchers", "3", "--state-dir", str(state))
@@ -87,6 +95,10 @@ def test_subscriptions_and_sizes_survive_down_and_up(tmp_path: Path) -> None:
         assert listed.status == 200, listed
         assert listed.body["description"] == "kept"
         assert listed.body["notification"]["timesSent"] >= 1  # its status came back too
+        kept = front.call("GET", f"/v2/registrations/{rid}")
+        assert kept.status == 200, kept
+        assert kept.body["description"] == "kept too"
+        assert kept.body["dataProvided"]["attrs"] == ["on"]
         # It fires again once a front adopted it (at once: the old owners were cleared).
         deadline = time.monotonic() + 30
         while not any(n.body["data"][0]["t"]["value"] == 2 for n in receiver.received()):
@@ -101,6 +113,7 @@ def test_subscriptions_and_sizes_survive_down_and_up(tmp_path: Path) -> None:
         assert _roles(state)["matchers"] == 2
         front.wait_serving()
         assert front.call("GET", f"/v2/subscriptions/{sid}").status == 404
+        assert front.call("GET", f"/v2/registrations/{rid}").status == 404
     finally:
         receiver.close()
         subprocess.run([*SILBO, "down", "--state-dir", str(state)], timeout=60, check=False)

@@ -153,7 +153,8 @@ def test_a_dead_fronts_claims_are_released_at_once_and_only_its_own(
         await _until(lambda: len(live.seen[-1][0]) == 2 if live.seen else False, "both")
         # what a live front scanning on the fronts change would find: every claim gone
         # already (the entry goes last; first, a scan found some claims still there)
-        watcher, claims_when_gone = connected(), []
+        watcher = connected()
+        claims_when_gone: list[int] = []
 
         def fronts_changed(fronts: list[str]) -> bool:
             if "cp-dead" not in fronts and not claims_when_gone:

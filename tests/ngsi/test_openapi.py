@@ -64,6 +64,10 @@ SUBSCRIPTION = {  # of no entity the cases make: a notification per case would p
     "subject": {"entities": [{"id": "Subscribed", "type": "Nothing"}]},
     "notification": {"http": {"url": "http://127.0.0.1:9/notify"}},
 }
+REGISTRATION = {  # of an entity the cases do not make, at a port nothing listens on
+    "dataProvided": {"entities": [{"id": "Registered", "type": "Nothing"}], "attrs": ["lazy"]},
+    "provider": {"http": {"url": "http://127.0.0.1:9"}},
+}
 _METHODS = frozenset({"get", "put", "post", "delete", "patch", "head", "options", "trace"})
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
@@ -121,12 +125,15 @@ def _cases(operation: Operation, known: dict[str, str]) -> st.SearchStrategy[Cas
 @pytest.fixture
 def known(front: Front) -> dict[str, str]:
     """Path parameters that name something of the default tenant: the example entity and its
-    attribute (upserted), and a new subscription."""
+    attribute (upserted), a new subscription and a new registration."""
     assert front.call("POST", "/v2/entities?options=upsert", ENTITY).status == 204
     created = front.call("POST", "/v2/subscriptions", SUBSCRIPTION)
     assert created.status == 201, created
     sid = (created.header("Location") or "").rsplit("/", 1)[-1]
-    return {"id": str(ENTITY["id"]), "attr": "temperature", "sid": sid}
+    registered = front.call("POST", "/v2/registrations", REGISTRATION)
+    assert registered.status == 201, registered
+    rid = (registered.header("Location") or "").rsplit("/", 1)[-1]
+    return {"id": str(ENTITY["id"]), "attr": "temperature", "sid": sid, "rid": rid}
 
 
 def test_the_description_is_valid_openapi() -> None:
