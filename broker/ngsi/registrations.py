@@ -14,7 +14,9 @@ registration forwards (``supportedForwardingMode``: ``all``, ``query``, ``update
 Definitions live in ZooKeeper (:mod:`broker.coordination.registrations`), every front keeping
 a copy through a watch, so a registration survives the connection points and every front
 forwards alike. ``forwardingInformation`` (``timesSent``, ``lastForwarding``, ``lastSuccess``,
-``lastFailure``) is counted by each front in memory and added to ZooKeeper's counters every
+``lastFailure``; shown once the first forwarding was sent: Orion never shows it, and
+clients' models that know it, as filip's, want ``lastForwarding`` in it) is counted by
+each front in memory and added to ZooKeeper's counters every
 ``FLUSH_TICK`` seconds and when the front stops; a GET shows ZooKeeper's plus this front's
 unflushed counts. Forwarding itself is :mod:`broker.ngsi.forwarding`.
 
@@ -63,6 +65,7 @@ _TOP = frozenset(
     {"id", "description", "dataProvided", "provider", "status", "expires", "forwardingInformation"}
 )
 _PATCHED = frozenset({"description", "dataProvided", "provider", "status", "expires"})
+_READ_ONLY = frozenset({"id", "forwardingInformation"})
 _ENTITY_KEYS = frozenset({"id", "idPattern", "type", "typePattern"})
 
 
@@ -372,7 +375,8 @@ class Registration:
         ):
             if value is not None:
                 information[key] = iso(value)
-        out["forwardingInformation"] = information
+        if counts.times_sent:  # none before the first forwarding (filip's model needs a date)
+            out["forwardingInformation"] = information
         return out
 
 
@@ -449,9 +453,13 @@ class Registrations:
         """Apply a PATCH: the top-level fields sent replace the stored ones."""
         if not isinstance(body, dict) or not body:
             raise InvalidInput("a registration PATCH needs a non-empty JSON object")
-        unknown = set(body) - _PATCHED
+        unknown = set(body) - _PATCHED - _READ_ONLY
         if unknown:
             raise InvalidInput(f"unrecognized field /{sorted(unknown)[0]}/ in a PATCH")
+        # a client sending back what it read (filip) sends the read-only fields too: ignored
+        body = {k: v for k, v in body.items() if k not in _READ_ONLY}
+        if not body:
+            raise InvalidInput("a registration PATCH needs a field to change")
         document = parse_registration({**registration.document, **body}, self._allow)
         if "expires" in body and body["expires"] == "":
             document.pop("expires", None)

@@ -2,8 +2,9 @@
 unchanged against a real cluster with a context store: what a filip user writes reads back
 as Orion would answer it, and a subscription made through filip notifies.
 
-Registrations, MQTT and geographical queries are filip features Silbo does not serve yet:
-not tested here.
+filip's registrations are tested in tests/ngsi/test_registrations.py (with a context
+provider) and its MQTT subscriptions in tests/ngsi/test_mqtt.py (with a real mosquitto),
+on those modules' clusters.
 """
 
 from __future__ import annotations

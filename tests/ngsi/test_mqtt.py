@@ -27,6 +27,12 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
+from filip.clients.ngsi_v2 import ContextBrokerClient
+from filip.models.base import FiwareHeader
+from filip.models.ngsi_v2.base import EntityPattern
+from filip.models.ngsi_v2.context import ContextEntity
+from filip.models.ngsi_v2.subscriptions import Mqtt, Notification, Subject
+from filip.models.ngsi_v2.subscriptions import Subscription as FilipSubscription
 from paho.mqtt.enums import CallbackAPIVersion
 
 from broker.errors import InvalidInput
@@ -469,3 +475,29 @@ def test_a_bad_mqtt_subscription_is_400(front: Front) -> None:
     assert answer.status == 400
     assert answer.body["error"] == "BadRequest"
     assert "mqtt qos field must be an integer in the 0 to 2 range" in answer.body["description"]
+
+
+@needs_mosquitto
+def test_filip_makes_an_mqtt_subscription(
+    front: Front, mosquitto: Mosquitto, everything: Subscriber
+) -> None:
+    """FIWARE's Python client (filip), unchanged: an MQTT subscription it creates and reads
+    back, and the notification it causes on the broker."""
+    t = tenant()
+    topic = f"{t}/filip"
+    header = FiwareHeader(service=t, service_path="/")
+    with ContextBrokerClient(url=f"http://{front.host}:{front.port}", fiware_header=header) as cb:
+        subscription = FilipSubscription(
+            description="filip over MQTT",
+            subject=Subject(entities=[EntityPattern(idPattern=".*")]),
+            notification=Notification(mqtt=Mqtt(url=mosquitto.url(), topic=topic, qos=1)),
+        )
+        sid = cb.post_subscription(subscription)
+        cb.post_entity(ContextEntity(id="F1", type="Room", t={"type": "Number", "value": 3}))
+        [message] = everything.wait_for(1, topic)
+        assert message.json()["subscriptionId"] == sid
+        assert message.json()["data"][0]["t"]["value"] == 3
+        read = cb.get_subscription(sid)
+        assert read.notification.mqtt is not None
+        assert (read.notification.mqtt.topic, read.notification.mqtt.qos) == (topic, 1)
+        cb.delete_subscription(sid)

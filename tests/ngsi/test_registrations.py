@@ -17,6 +17,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from filip.clients.ngsi_v2 import ContextBrokerClient
+from filip.models.base import FiwareHeader
+from filip.models.ngsi_v2.base import EntityPattern
+from filip.models.ngsi_v2.context import ContextEntity
+from filip.models.ngsi_v2.registrations import DataProvided, Registration
+from filip.models.ngsi_v2.registrations import Provider as FilipProvider
 
 from ngsi.conftest import Front, free_port, tenant
 
@@ -254,8 +260,7 @@ def test_registrations_are_listed_read_patched_and_deleted_per_tenant(
             "supportedForwardingMode": "all",
             "legacyForwarding": False,
         },
-        "status": "active",
-        "forwardingInformation": {"timesSent": 0},
+        "status": "active",  # no forwardingInformation before the first forwarding
     }
     listed = front.call("GET", "/v2/registrations?limit=2&offset=1&options=count", headers=headers)
     assert listed.status == 200, listed
@@ -273,8 +278,9 @@ def test_registrations_are_listed_read_patched_and_deleted_per_tenant(
     assert (patched["status"], patched["expires"]) == ("inactive", "2040-01-01T00:00:00.000Z")
     bad = front.call("PATCH", f"/v2/registrations/{ids[0]}", {"status": 1}, headers=headers)
     assert bad.status == 400, bad
-    unknown = front.call("PATCH", f"/v2/registrations/{ids[0]}", {"id": "x"}, headers=headers)
-    assert unknown.status == 400, unknown
+    for body in ({"id": "x"}, {"colour": "red"}):  # nothing to change; a field it has not
+        unknown = front.call("PATCH", f"/v2/registrations/{ids[0]}", body, headers=headers)
+        assert unknown.status == 400, unknown
 
     assert front.call("DELETE", f"/v2/registrations/{ids[0]}", headers=elsewhere).status == 404
     assert front.call("DELETE", f"/v2/registrations/{ids[0]}", headers=headers).status == 204
@@ -417,3 +423,34 @@ def test_an_entity_only_the_provider_holds_is_answered(front: Front, provider: P
     assert (got.status, got.body) == (200, {"id": "remote", "type": DEVICE, "pressure": 1013})
     other = {"Fiware-Service": tenant()}  # another tenant has no such registration
     assert front.call("GET", "/v2/entities/remote", headers=other).status == 404
+
+
+def test_filip_registers_a_device_and_reads_its_lazy_attribute(
+    front: Front, provider: Provider
+) -> None:
+    """FIWARE's Python client (filip), unchanged: its registration round trip, and an entity
+    read that the front completes from the provider."""
+    header = FiwareHeader(service=tenant(), service_path="/")
+    with ContextBrokerClient(url=f"http://{front.host}:{front.port}", fiware_header=header) as cb:
+        device = f"dev-{uuid.uuid4().hex[:8]}"
+        cb.post_entity(
+            ContextEntity(id=device, type=DEVICE, temperature={"type": "Number", "value": 20})
+        )
+        registration = Registration(
+            description="a filip device",
+            dataProvided=DataProvided(entities=[EntityPattern(id=device)], attrs=["humidity"]),
+            provider=FilipProvider(http={"url": provider.url("/v2")}),
+        )
+        rid = cb.post_registration(registration)
+        provider.values[(device, "humidity")] = 61
+        [listed] = cb.get_registration_list()
+        assert listed.id == rid and listed.description == "a filip device"
+        read = cb.get_entity(device)
+        assert read.get_attribute("humidity").value == 61
+        assert read.get_attribute("temperature").value == 20
+        changed = cb.get_registration(rid)
+        changed.description = "renamed"
+        cb.update_registration(changed)
+        assert cb.get_registration(rid).description == "renamed"
+        cb.delete_registration(rid)
+        assert cb.get_registration_list() == []
