@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -72,7 +73,9 @@ SETTLE_AFTER = 3.0  # seconds after removing what moved away before compacting w
 READY_COMPILE = 0.5  # seconds a new matcher compiles what it received before it is ready
 LOAD_PIECE = 2000  # received subscriptions decoded and added per hold of the lock
 DRAIN_SLICE = 1000  # subscriptions that moved away removed per turn of the event loop
-TRANSFER_CHUNK = 50_000  # subscriptions per Transfer call (about 6.5 MB of W-IoT)
+# subscriptions per Transfer call (about 6.5 MB of W-IoT); SILBO_TRANSFER_CHUNK sets another
+# size (tests make a part take several chunks without filling a matcher with 150,000)
+TRANSFER_CHUNK = int(os.environ.get("SILBO_TRANSFER_CHUNK") or 50_000)
 _SENDING_PARTS = "scale: sending parts"  # the name of the task that sends a matcher's parts
 _NO_HANDLES: npt.NDArray[np.uint64] = np.zeros(0, dtype=np.uint64)
 

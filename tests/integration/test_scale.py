@@ -19,7 +19,6 @@ from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cluster import LocalCluster
 from broker.coordination.client import connect
 from broker.coordination.coordinator import scale_matchers
-from broker.roles.matcher import TRANSFER_CHUNK
 from broker.runtime.options import Role
 from integration.conftest import (
     Recorder,
@@ -31,6 +30,9 @@ from integration.conftest import (
 
 def _matchers(cluster: LocalCluster) -> list[str]:
     return [m.name for m in cluster.members_of(Role.MATCHER)]
+
+
+CHUNK = 2000  # subscriptions per Transfer call in test_a_large_part_moves_in_chunks
 
 
 @pytest.mark.parametrize(("first", "peak"), [(2, 4), (1, 3)])
@@ -126,17 +128,19 @@ def test_a_second_scale_while_one_runs_is_rejected(
 
 
 def test_a_large_part_moves_in_chunks(
-    start_cluster: StartCluster, zk_of: list[KazooClient]
+    start_cluster: StartCluster, zk_of: list[KazooClient], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """1 -> 2 with more subscriptions than one Transfer chunk carries: the new matcher takes
-    its part in over several chunks, and delivery stays exact throughout."""
+    its part in over several chunks, and delivery stays exact throughout. The matchers send
+    chunks of CHUNK subscriptions (SILBO_TRANSFER_CHUNK), so a few thousand take several."""
+    monkeypatch.setenv("SILBO_TRANSFER_CHUNK", str(CHUNK))
     cluster = start_cluster(matchers=1)
     zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
     zk_of.append(zk)
     subscriptions = iot_subscriptions(400, seed=5, stations=60)
     bulk = [  # their own tenant, never published to: they only fill the parts
         dataclasses.replace(s, id=f"bulk-{s.id}", tenant="bulk")
-        for s in iot_subscriptions(3 * TRANSFER_CHUNK, seed=6, stations=60)
+        for s in iot_subscriptions(3 * CHUNK, seed=6, stations=60)
     ]
     recorder = Recorder(cluster.endpoints, "raw", raw=True)
     filler = Recorder(cluster.endpoints, "bulk", raw=True)
@@ -154,7 +158,7 @@ def test_a_large_part_moves_in_chunks(
         cluster.add(Role.MATCHER, 1)
         out = scale_matchers(zk, _matchers(cluster), timeout=60.0)
         assert out.outcome == "completed", out
-        assert out.moved_subscriptions > 1.2 * TRANSFER_CHUNK  # two chunks at least
+        assert out.moved_subscriptions > 1.2 * CHUNK  # two chunks at least
         assert publisher.is_alive(), "the publisher finished before the scale"
         publisher.stop()
         published = publisher.finish()
