@@ -20,13 +20,13 @@ from broker.store.layout import StoreLayout
 from broker.store.semantics import Mode
 
 
-@pytest.mark.slow  # two local clusters (ZooKeeper, stores, a front), about a minute
+@pytest.mark.slow  # a local cluster (ZooKeeper, stores, a front), about 30 s
 def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     plot = tmp_path / "context.png"
     done = subprocess.run(
         [
             sys.executable, "-m", "broker.cli", "bench", "context", "--quick",
-            "--stores", "1,2", "--duration", "0.5", "--reads", "50",
+            "--stores", "1", "--duration", "0.5", "--reads", "50",
             "--query-entities", "1000", "--query-runs", "1", "--entities", "1500",
             "--dir", str(tmp_path), "--json", "--plot", str(plot),
         ],
@@ -37,9 +37,9 @@ def test_quick_run_reports_every_figure(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert summary["parameters"]["stores"] == [1, 2]
+    assert summary["parameters"]["stores"] == [1]  # one cluster: CI time (the same code)
     assert summary["machine"]["cores"] >= 1 and "bench context" in summary["command"]
-    assert [w["stores"] for w in summary["writes"]] == [1, 2]
+    assert [w["stores"] for w in summary["writes"]] == [1]
     for writes in summary["writes"]:
         assert writes["writes_per_s"] > 0 and writes["errors"] == 0
         assert len(writes["window_writes_per_s"]) == 2
