@@ -1,6 +1,7 @@
 """``silbo bench ngsi``: updates/s taken over NGSI v2 HTTP and notifications/s sent by HTTP.
 
-    silbo bench ngsi [--subscriptions 10000] [--duration 20] [--clients 16] [--batch 1]
+    silbo bench ngsi [--subscriptions 10000] [--workload iot|geo] [--max-distance 500]
+                     [--duration 20] [--clients 16] [--batch 1]
                      [--rate 0] [--receiver-faults 0] [--runs 1] [--drain 20]
                      [--state-dir DIR] [--zk HOST:PORT] [--json]
 
@@ -47,6 +48,19 @@ Reported: ``updates_per_s`` (readings in 2xx answers / publishing time), ``reque
 (requests the receiver got while publishing, per second) and ``notified_entities_per_s``,
 and the totals after the drain; ``cpu_us_per_update`` includes the processes' children
 (``connection-point-N/<pid>``: the notification worker).
+
+``--workload geo`` (W-fleet, :mod:`broker.bench.workloads.fleet`): the entities are 1,000
+vehicles moving about a Madrid-sized box (a ``geo:json`` Point ``location`` that moves
+20-80 m at each reading, and the same coordinates as ``latitude`` / ``longitude``
+numbers), and each subscription (``idPattern .*``, type ``Vehicle``) watches the circle of
+``--max-distance`` meters around a random place of the city: ``georel
+near;maxDistance:M``, ``geometry point``, ``coords``. In the same cluster, on a fresh tenant,
+the run then measures the same without geo: the same readings and places, each circle
+asked as ``q`` ranges on ``latitude`` and ``longitude`` (the box that holds it, which the
+matchers index), reported as ``without_geo``. The check of the geographical run does not
+use the engine (every subscription selects every vehicle) nor :mod:`broker.store.geo`: a
+changed vehicle is expected to notify the subscriptions whose place is within the distance
+of its location by the bench's own haversine (:func:`broker.bench.workloads.fleet.within`).
 """
 
 from __future__ import annotations
@@ -74,7 +88,16 @@ import numpy as np
 import numpy.typing as npt
 
 from broker.bench.match import run_and_report
-from broker.bench.workloads.iot import DISTRICTS, IOT_TYPE, iot_subscriptions, iot_updates
+from broker.bench.workloads.fleet import (
+    FLEET_ID_PREFIX,
+    box_subscriptions,
+    fleet_places,
+    fleet_updates,
+    near_expression,
+    vehicle_number,
+    within,
+)
+from broker.bench.workloads.iot import DISTRICTS, iot_subscriptions, iot_updates
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.matching import Engine
 from broker.model.subscription import Subscription
@@ -90,7 +113,7 @@ from broker.wire.convert import trusted_update
 __all__ = ["NgsiReport", "configure", "run", "run_once"]
 
 POOL = 20_000  # distinct readings; each client cycles through its share
-STATIONS = 1_000
+STATIONS = 1_000  # W-IoT stations, or fleet vehicles
 MAX_CLIENTS = len(DISTRICTS)
 _STATION_BITS = 10  # a notification's key: (request * 2**10 + station) * 2**20 + position
 _POSITION_BITS = 20
@@ -106,6 +129,7 @@ class NgsiReport:
     duration_s: float
     clients: int
     batch: int
+    workload: str = "iot"  # iot, geo (near circles), no-geo (the same circles as q boxes)
     requests: int = 0
     updates: int = 0
     updates_per_s: float = 0.0
@@ -125,6 +149,22 @@ class NgsiReport:
     received: int = 0
     missing: int = 0
     unexpected: int = 0
+    without_geo: NgsiReport | None = None  # --workload geo: the no-geo run, same cluster
+
+
+@dataclass(frozen=True, slots=True)
+class _Workload:
+    """What one measurement publishes and subscribes: its readings, its subscriptions (what
+    the engine of the check matches), the attributes an entity is created with, and for the
+    geographical one each subscription's place and circle (the check's own oracle, not the
+    engine, decides those)."""
+
+    name: str
+    pool: list[ContextUpdate]
+    subscriptions: list[Subscription]
+    created_with: tuple[str, ...]
+    places: list[tuple[float, float]] | None = None
+    meters: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +180,20 @@ class _Request:
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo bench ngsi``."""
     parser.add_argument("--subscriptions", type=int, default=10_000)
+    parser.add_argument(
+        "--workload",
+        choices=("iot", "geo"),
+        default="iot",
+        help="iot: W-IoT stations; geo: moving vehicles and near circles, then the same "
+        "circles as q boxes (no geo) in the same cluster",
+    )
+    parser.add_argument(
+        "--max-distance",
+        type=float,
+        default=500.0,
+        metavar="M",
+        help="--workload geo: the circles' radius in meters (default 500)",
+    )
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of publishing")
     parser.add_argument(
         "--clients",
@@ -185,11 +239,12 @@ def run(args: argparse.Namespace) -> int:
         or args.subscriptions < 1
         or args.rate < 0
         or not 0 <= args.receiver_faults < 1
+        or not args.max_distance > 0
     ):
         print(
             f"silbo bench ngsi: error: --clients must be 1 to {MAX_CLIENTS} (one W-IoT district "
             "or more each), --batch and --subscriptions at least 1, --rate at least 0, "
-            "--receiver-faults from 0 to below 1",
+            "--receiver-faults from 0 to below 1, --max-distance above 0",
             file=sys.stderr,
         )
         return 2
@@ -199,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_once(args: argparse.Namespace) -> NgsiReport:
     """One run (see the module doc)."""
-    report = NgsiReport(args.subscriptions, args.duration, args.clients, args.batch)
+    report = NgsiReport(args.subscriptions, args.duration, args.clients, args.batch, args.workload)
     cluster = None
     if args.state_dir and (Path(args.state_dir) / "cluster.json").exists():
         described = json.loads((Path(args.state_dir) / "cluster.json").read_text())
@@ -229,12 +284,37 @@ def run_once(args: argparse.Namespace) -> NgsiReport:
     pids.update(_children(pids))
     pids["receiver"] = receiver.pid
     try:
-        asyncio.run(_measure(args, report, f"http://{address}", receiver, pids))
+        if args.workload == "iot":
+            workload = _Workload(
+                "iot",
+                iot_updates(POOL, args.seed + 1, STATIONS),
+                iot_subscriptions(args.subscriptions, args.seed, STATIONS),
+                ("stationName",),
+            )
+            asyncio.run(_measure(args, report, workload, f"http://{address}", receiver, pids))
+        else:
+            report.without_geo = NgsiReport(**{**asdict(report), "workload": "no-geo"})
+            for measured, workload in zip((report, report.without_geo), _fleet(args), strict=True):
+                asyncio.run(_measure(args, measured, workload, f"http://{address}", receiver, pids))
     finally:
         receiver.stop()
         if cluster is not None:
             cluster.stop()
     return report
+
+
+def _fleet(args: argparse.Namespace) -> tuple[_Workload, _Workload]:
+    """The geographical workload and the same without geo (module doc)."""
+    pool = fleet_updates(POOL, args.seed + 1, STATIONS)
+    places = fleet_places(args.subscriptions, args.seed)
+    boxes = box_subscriptions(places, args.max_distance)
+    everywhere = [
+        Subscription(id=s.id, entities=s.entities, description="near") for s in boxes
+    ]  # the geo subscriptions' selectors: their circles go in the expression
+    return (
+        _Workload("geo", pool, everywhere, ("speed",), places, args.max_distance),
+        _Workload("no-geo", pool, boxes, ("speed",)),
+    )
 
 
 # -- the measurement ------------------------------------------------------------------------
@@ -243,27 +323,31 @@ def run_once(args: argparse.Namespace) -> NgsiReport:
 async def _measure(
     args: argparse.Namespace,
     report: NgsiReport,
+    workload: _Workload,
     base: str,
     receiver: _ReceiverProcess,
     pids: dict[str, int],
 ) -> None:
-    subscriptions = iot_subscriptions(args.subscriptions, args.seed, STATIONS)
-    pool = iot_updates(POOL, args.seed + 1, STATIONS)
+    subscriptions, pool = workload.subscriptions, workload.pool
     tenant = f"bench_{uuid.uuid4().hex[:10]}"
     streams = _streams(pool, args.clients, args.batch)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
         await _wait_serving(http, base)
         await receiver.wait_ready(http)
-        _say(f"creating {STATIONS} station entities (tenant {tenant})")
-        await _provision(http, base, tenant, pool)
+        await receiver.reset(http)
+        _say(f"{workload.name}: creating {STATIONS} entities (tenant {tenant})")
+        await _provision(http, base, tenant, pool, workload.created_with)
         await asyncio.sleep(1.0)  # their publications matched before any subscription exists
-        _say(f"creating {len(subscriptions):,} W-IoT subscriptions over HTTP")
+        _say(f"{workload.name}: creating {len(subscriptions):,} subscriptions over HTTP")
         started = time.perf_counter()
-        await _subscribe(http, base, tenant, subscriptions, receiver.url)
+        await _subscribe(http, base, tenant, workload, receiver.url)
         report.subscribe_per_s = round(len(subscriptions) / (time.perf_counter() - started), 1)
         await asyncio.sleep(1.0)
-        _say(f"publishing for {args.duration:.0f} s, {args.clients} clients, batch {args.batch}")
+        _say(
+            f"{workload.name}: publishing for {args.duration:.0f} s, {args.clients} clients, "
+            f"batch {args.batch}"
+        )
         cpu_before = _cpu_seconds(pids)
         done = await _publish(http, base, tenant, streams, args, report, receiver)
         cpu = _cpu_seconds(pids)
@@ -288,7 +372,7 @@ async def _measure(
         received = await receiver.keys(http)
         report.dropped = await _dropped(http, base, tenant)
     _say("computing the expected notifications (front cache replayed, in-process engine)")
-    expected = _expected(subscriptions, pool, streams, done, args.batch)
+    expected = _expected(workload, streams, done, args.batch)
     report.expected = len(expected)
     report.received = len(received)
     report.missing, report.unexpected = _compare(expected, received)
@@ -308,13 +392,19 @@ async def _wait_serving(http: aiohttp.ClientSession, base: str, timeout: float =
 
 
 async def _provision(
-    http: aiohttp.ClientSession, base: str, tenant: str, pool: list[ContextUpdate]
+    http: aiohttp.ClientSession,
+    base: str,
+    tenant: str,
+    pool: list[ContextUpdate],
+    created_with: tuple[str, ...],
 ) -> None:
-    """Create every station (its name only) so that ``.../attrs`` finds it."""
+    """Create every entity (with the attributes ``created_with`` of its last reading: a
+    station's name) so that ``.../attrs`` finds it."""
     by_path: dict[str, dict[str, dict[str, Any]]] = {}
     for update in pool:
-        entity: dict[str, Any] = {"id": update.entity_id, "type": IOT_TYPE}
-        entity["stationName"] = _attribute_json(update, "stationName")
+        entity: dict[str, Any] = {"id": update.entity_id, "type": update.entity_type}
+        for name in created_with:
+            entity[name] = _attribute_json(update, name)
         by_path.setdefault(update.service_path, {})[update.entity_id] = entity
     for path, entities in by_path.items():
         body = {"actionType": "append", "entities": list(entities.values())}
@@ -325,10 +415,11 @@ async def _provision(
 
 
 async def _subscribe(
-    http: aiohttp.ClientSession, base: str, tenant: str, subscriptions: list[Subscription], url: str
+    http: aiohttp.ClientSession, base: str, tenant: str, workload: _Workload, url: str
 ) -> None:
-    queue = list(enumerate(subscriptions))
+    queue = list(enumerate(workload.subscriptions))
     queue.reverse()
+    places, meters = workload.places, workload.meters
 
     async def worker() -> None:
         while queue:
@@ -337,6 +428,9 @@ async def _subscribe(
             if subscription.service_path != "/#":
                 headers["Fiware-ServicePath"] = subscription.service_path
             body = _subscription_json(subscription, f"{url}/n/{position}")
+            if places is not None:
+                expression = near_expression(places[position], meters)
+                body["subject"]["condition"] = {"expression": expression}
             async with http.post(f"{base}/v2/subscriptions", json=body, headers=headers) as answer:
                 if answer.status != 201:
                     raise RuntimeError(f"subscribing: {answer.status} {await answer.text()}")
@@ -492,7 +586,7 @@ def _streams(pool: list[ContextUpdate], clients: int, batch: int) -> list[list[_
     if batch == 1:
         for k, update in enumerate(pool):
             body = {name: _attribute_json(update, name) for name in update.attributes}
-            path = f"/v2/entities/{update.entity_id}/attrs?type={IOT_TYPE}"
+            path = f"/v2/entities/{update.entity_id}/attrs?type={update.entity_type}"
             streams[district[update.service_path] % clients].append(
                 _Request(path, update.service_path, json.dumps(body).encode(), (k,))
             )
@@ -524,33 +618,33 @@ def _attribute_json(update: ContextUpdate, name: str) -> dict[str, Any]:
 
 
 def _entity_json(update: ContextUpdate) -> dict[str, Any]:
-    entity: dict[str, Any] = {"id": update.entity_id, "type": IOT_TYPE}
+    entity: dict[str, Any] = {"id": update.entity_id, "type": update.entity_type}
     for name in update.attributes:
         entity[name] = _attribute_json(update, name)
     return entity
 
 
 def _station(entity_id: str) -> int:
-    return int(entity_id.rsplit(":", 1)[1][5:]) - 1  # urn:...:28079<n>, n from 1
+    """An entity's number in a notification's key: a station's (``urn:...:28079<n>``, n
+    from 1) or a vehicle's."""
+    if entity_id.startswith(FLEET_ID_PREFIX):
+        return vehicle_number(entity_id)
+    return int(entity_id.rsplit(":", 1)[1][5:]) - 1
 
 
 def _expected(
-    subscriptions: list[Subscription],
-    pool: list[ContextUpdate],
-    streams: list[list[_Request]],
-    done: list[int],
-    batch: int,
+    workload: _Workload, streams: list[list[_Request]], done: list[int], batch: int
 ) -> npt.NDArray[np.int64]:
     """Every notification key the accepted requests should have caused (sorted)."""
+    pool = workload.pool
     cache = Entities(MemoryEngine())
     key_of: dict[str, tuple[str, str, str, str]] = {}
-    for update in pool:  # the provisioned stations: their names only
-        key = ("", update.service_path, update.entity_id, IOT_TYPE)
+    for update in pool:  # the provisioned entities: as _provision made them
+        key = ("", update.service_path, update.entity_id, update.entity_type)
         key_of[update.entity_id] = key
-        name = parse_attributes(
-            {"stationName": _attribute_json(update, "stationName")}, key_values=False
-        )
-        cache.apply_now([Intent(Mode.UPSERT, key[2], key[3], key[1], key[0], name)])
+        created = {name: _attribute_json(update, name) for name in workload.created_with}
+        made = parse_attributes(created, key_values=False)
+        cache.apply_now([Intent(Mode.UPSERT, key[2], key[3], key[1], key[0], made)])
     parsed: dict[int, Attributes] = {}
     mode = Mode.APPEND if batch == 1 else Mode.UPSERT
     changed: list[ContextUpdate] = []
@@ -572,9 +666,40 @@ def _expected(
                 if outcome.change is None or outcome.change.alteration not in _FIRES:
                     continue
                 assert outcome.document is not None
-                entity = to_wire(key[2], key[3], "madrid", key[1], outcome.document.attributes)
+                whole = outcome.document.attributes
+                entity = to_wire(key[2], key[3], update.tenant, key[1], whole)
                 changed.append(trusted_update(entity))
                 bases.append(((rid << _STATION_BITS) + _station(key[2])) << _POSITION_BITS)
+    if workload.places is not None:
+        return _expected_near(workload.places, workload.meters, changed, bases)
+    return _expected_matched(workload.subscriptions, changed, bases)
+
+
+def _expected_near(
+    places: list[tuple[float, float]],
+    meters: float,
+    changed: list[ContextUpdate],
+    bases: list[int],
+) -> npt.NDArray[np.int64]:
+    """The keys of the geographical workload: every subscription selects every vehicle, so
+    a changed vehicle notifies those whose circle holds its reading's point (the check's
+    own haversine: :func:`broker.bench.workloads.fleet.within`)."""
+    points = []
+    for entity in changed:  # the whole entity's location: a geo:json Point, [lon, lat]
+        lon, lat = entity.attributes["location"].value["coordinates"]
+        points.append((float(lat), float(lon)))
+    keys = [
+        base + positions
+        for base, positions in zip(bases, within(places, meters, points), strict=True)
+        if len(positions)
+    ]
+    return np.sort(np.concatenate(keys)) if keys else np.zeros(0, dtype=np.int64)
+
+
+def _expected_matched(
+    subscriptions: list[Subscription], changed: list[ContextUpdate], bases: list[int]
+) -> npt.NDArray[np.int64]:
+    """The keys the in-process engine matches for the changed entities."""
     engine = Engine(subscriptions)
     position = np.full(2 * len(subscriptions) + 1, -1, dtype=np.int64)
     for i, subscription in enumerate(subscriptions):
@@ -643,6 +768,11 @@ class _ReceiverProcess:
             got = await answer.json()
         return int(got["posts"]), int(got["entities"])
 
+    async def reset(self, http: aiohttp.ClientSession) -> None:
+        """Forget the notifications received so far (a measurement's start)."""
+        async with http.post(f"{self.url}/_reset") as answer:
+            answer.raise_for_status()
+
     async def keys(self, http: aiohttp.ClientSession) -> npt.NDArray[np.int64]:
         """Every notification's key (see ``_STATION_BITS``), in arrival order."""
         path = str(Path(self._dir) / "keys.npy")
@@ -689,6 +819,10 @@ def _receive(port: int, faults: float = 0.0, seed: int = 1) -> None:
             text = json.dumps(counts).encode()
             head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d"
             return head % len(text) + b"\r\n\r\n" + text
+        if path == b"/_reset":
+            keys.clear()
+            counts.update(dict.fromkeys(counts, 0))
+            return b"HTTP/1.1 204 No Content\r\n\r\n"
         if path == b"/_keys":
             where = parse_qs(query.decode())["path"][0]
             np.save(where, np.array(keys, dtype=np.int64))
@@ -746,7 +880,7 @@ def _receive(port: int, faults: float = 0.0, seed: int = 1) -> None:
 def _median(reports: list[NgsiReport]) -> NgsiReport:
     if len(reports) == 1:
         return reports[0]
-    median = NgsiReport(**asdict(reports[0]))
+    median = NgsiReport(**{**asdict(reports[0]), "without_geo": None})
     for key in (
         "updates_per_s",
         "requests_per_s",
@@ -766,13 +900,23 @@ def _median(reports: list[NgsiReport]) -> NgsiReport:
     for key in ("received", "missing", "unexpected"):
         setattr(median, key, sum(getattr(r, key) for r in reports))
     median.drain_s = max(r.drain_s for r in reports)
+    baselines = [r.without_geo for r in reports if r.without_geo is not None]
+    if baselines:
+        median.without_geo = _median(baselines)
     return median
+
+
+_TITLES = {
+    "iot": "W-IoT",
+    "geo": "W-fleet, near circles (geo)",
+    "no-geo": "W-fleet, the same circles as q boxes (no geo)",
+}
 
 
 def _print(report: NgsiReport) -> None:
     mode = "POST /v2/entities/{id}/attrs" if report.batch == 1 else "POST /v2/op/update"
     print(
-        f"W-IoT over NGSI v2 HTTP, {report.subscriptions:,} subscriptions, "
+        f"{_TITLES[report.workload]} over NGSI v2 HTTP, {report.subscriptions:,} subscriptions, "
         f"{report.clients} clients, {mode} of {report.batch}\n"
         f"  updates: {report.updates:,} at {report.updates_per_s:,.0f}/s "
         f"({report.requests_per_s:,.0f} requests/s), errors {report.errors or 'none'}\n"
@@ -785,6 +929,18 @@ def _print(report: NgsiReport) -> None:
         f"unexpected {report.unexpected}\n"
         f"  CPU us per update while publishing: {report.cpu_us_per_update}"
     )
+    baseline = report.without_geo
+    if baseline is not None:
+        _print(baseline)
+        print(
+            f"geo against no geo: updates/s x{_ratio(report.updates_per_s, baseline.updates_per_s)}"
+            f", notifications/s x{_ratio(report.notifications_per_s, baseline.notifications_per_s)}"
+            f", p99 x{_ratio(report.p99_ms, baseline.p99_ms)}"
+        )
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b else "-"
 
 
 def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:

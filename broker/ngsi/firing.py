@@ -6,11 +6,17 @@ update did. :class:`Firing` keeps the front's subscriptions as arrays sorted by 
 decides with numpy: a *plain* subscription (active, no throttling, no expiry) fires when its
 rule does, and a rule (alteration types, condition attributes, notifyOnMetadataChange) is
 worked out once per entity of the batch (:meth:`Change.fires`); the others (oneshot,
-throttled, expiring, inactive, geographical) are decided one by one as Orion says (ngsi-v2.md
-section 3). A geographical subscription (``expression.georel``...) fires only if the entity
-published, whole after its update, has its location in the relation asked
+throttled, expiring, inactive) are decided one by one as Orion says (ngsi-v2.md section 3).
+A geographical subscription (``expression.georel``...) fires only if the entity published,
+whole after its update, has its location in the relation asked
 (:meth:`~broker.store.geo.GeoFilter.matches`): the matchers checked the selectors, ``q`` and
-``mq`` on that same entity; its location is read once per entity of the batch.
+``mq`` on that same entity, so they match every entity of its type for a ``near`` circle
+and the front keeps the few the circle holds. A plain one is decided with the plain ones,
+then its pairs kept only if its filter takes the location: the filters of the plain
+geographical subscriptions are filed in a spatial index (:class:`~broker.store.geo_index.GeoIndex`),
+asked once per entity of the batch, so that an update matched for 10,000 circles is tested
+exactly against the few whose box holds it, not against each; the others check their
+filter one by one. An entity's location is read once per batch.
 Every pair that fires counts in its subscription's ``timesSent`` and ``lastNotification``.
 
 The arrays are made again on the first batch after :meth:`Firing.invalidate` (a subscription
@@ -28,7 +34,8 @@ import numpy.typing as npt
 
 from broker.ngsi.change import Alteration, Change, read_change
 from broker.ngsi.subscriptions import HttpSubscription
-from broker.store.geo import LOCATION_TYPES, Location, first_location
+from broker.store.geo import LOCATION_TYPES, GeoFilter, Location, first_location
+from broker.store.geo_index import GeoIndex
 from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire.convert import value_from_wire
@@ -63,6 +70,9 @@ class Firing:
         self._numbers: npt.NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)
         self._subscriptions: list[HttpSubscription] = []
         self._rules: list[Rule] = []
+        # a plain subscription's filter's position in the index (-1: none)
+        self._filter_of: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._index = GeoIndex([])
 
     def invalidate(self) -> None:
         """A subscription was created, changed or deleted: make the arrays again."""
@@ -80,8 +90,10 @@ class Firing:
         at[at >= len(self._handles)] = 0
         rules = np.where(self._handles[at] == handles, self._rule_of[at], _UNKNOWN)
         changes: dict[int, Change] = {}
+        locations: dict[int, Location | None] = {}
         fires = self._plain(rules, indexes, batch, changes)
-        self._one_by_one(rules, at, indexes, batch, changes, now, fires, {})
+        self._located(at, indexes, batch, fires, locations)
+        self._one_by_one(rules, at, indexes, batch, changes, now, fires, locations)
         counts = self._count(at, fires, now)
         if not fires.any():
             return None
@@ -102,14 +114,22 @@ class Firing:
         self._numbers = np.array([s.number for s in self._subscriptions], dtype=np.uint32)
         numbering: dict[Rule, int] = {}
         rule_of = []
+        filters: list[GeoFilter] = []
+        filter_of = []
         for s in self._subscriptions:
             p = s.parsed
-            if s.status != "active" or p.throttling or p.expires is not None or p.geo is not None:
+            filter_of.append(-1)
+            if s.status != "active" or p.throttling or p.expires is not None:
                 rule_of.append(_ONE_BY_ONE)
                 continue
+            if p.geo is not None:
+                filter_of[-1] = len(filters)
+                filters.append(p.geo)
             rule = (p.alterations, p.condition_attrs, p.notify_on_metadata)
             rule_of.append(numbering.setdefault(rule, len(numbering)))
         self._rule_of = np.array(rule_of, dtype=np.int64)
+        self._filter_of = np.array(filter_of, dtype=np.int64)
+        self._index = GeoIndex(filters)
         self._rules = list(numbering)
         self._stale = False
 
@@ -135,6 +155,29 @@ class Firing:
             verdicts[k] = change.alteration in alterations and change.fires(condition, on_metadata)
         fires[plain] = verdicts[inverse]
         return fires
+
+    def _located(
+        self,
+        at: npt.NDArray[np.intp],
+        indexes: npt.NDArray[np.int64],
+        batch: wire.NotificationBatchOut,
+        fires: npt.NDArray[np.bool_],
+        locations: dict[int, Location | None],
+    ) -> None:
+        """Leave out of ``fires`` the pairs of plain geographical subscriptions whose filter
+        does not take their entity's location (the index, asked once per entity)."""
+        if not len(self._index):
+            return
+        geo = fires & (self._filter_of[at] >= 0)
+        if not geo.any():
+            return
+        entities = indexes[geo]
+        used = np.unique(entities)
+        located = [_location(batch, i, locations) for i in used.tolist()]
+        where, taken = self._index.matching(located)
+        size = len(self._index)
+        allowed = used[where] * size + taken
+        fires[geo] = np.isin(entities * size + self._filter_of[at[geo]], allowed)
 
     def _one_by_one(
         self,

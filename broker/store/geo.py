@@ -54,7 +54,9 @@ How the relations are computed (documented choices):
 Speed: the reference shape is prepared once per filter (shapely's prepared geometries: an
 index of its edges), and each location's bounding box is checked against the reference's
 before the exact test, so a scan of entities far away costs a few comparisons each. There is
-no spatial index: a query scans the entities its other criteria leave.
+no spatial index of entities: a query scans the entities its other criteria leave. Many
+filters against one location (the front's geographical subscriptions) go through
+:class:`broker.store.geo_index.GeoIndex`, which files them by :attr:`GeoFilter.reach`.
 """
 
 from __future__ import annotations
@@ -307,6 +309,13 @@ class GeoFilter:
     def near(self) -> bool:
         """Whether the filter is a ``near`` one (its results can be ordered by distance)."""
         return self.georel == NEAR
+
+    @property
+    def reach(self) -> Bounds | None:
+        """A (lon, lat) box that every location the filter takes overlaps (None if there is
+        none: ``disjoint``, ``near`` without ``maxDistance``, a circle over a pole or the
+        antimeridian); what a spatial index of filters (broker.store.geo_index) files it by."""
+        return None if self.georel == DISJOINT else self._bounds
 
     def matches(self, location: Location | None) -> bool:
         """Tell whether a location is in the filter's relation (no location: never)."""

@@ -1,7 +1,8 @@
 """``silbo bench ngsi``: its pieces, and one short real run.
 
-The real run is the command as a user runs it (a subprocess), on tiny sizes, against the
-test session's ZooKeeper: 300 W-IoT subscriptions, 4 clients, 3 s of publishing. It checks
+The real runs are the command as a user runs it (a subprocess), on tiny sizes, against the
+test session's ZooKeeper: 300 W-IoT subscriptions, 4 clients, 3 s of publishing; and the
+geographical workload (200 near circles, then the same as q boxes), 2 s each. They check
 what the run reports, never how fast it was.
 """
 
@@ -19,9 +20,17 @@ import numpy as np
 import pytest
 
 from broker.bench.ngsi import _compare, _ReceiverProcess, _streams, _subscription_json
+from broker.bench.workloads.fleet import (
+    box_subscriptions,
+    fleet_places,
+    fleet_updates,
+    near_expression,
+    within,
+)
 from broker.bench.workloads.iot import iot_subscriptions, iot_updates
 from broker.cli import main
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.matching import Engine
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow
@@ -137,7 +146,54 @@ def test_a_faulty_receiver_takes_only_part_answering_503_or_resetting_the_rest()
     assert 15 <= outcomes["204"] <= 45
 
 
-@pytest.mark.parametrize("option", [["--rate", "-1"], ["--receiver-faults", "1"]])
+@pytest.mark.parametrize(
+    "option", [["--rate", "-1"], ["--receiver-faults", "1"], ["--max-distance", "0"]]
+)
 def test_bad_rate_or_faults_exit_2(option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "ngsi", *option]) == 2
     assert "--rate at least 0, --receiver-faults from 0 to below 1" in capsys.readouterr().err
+
+
+def test_the_geo_oracle_measures_on_the_sphere_and_the_boxes_hold_the_circles() -> None:
+    """0.0045 degrees of latitude are 500.96 m on a sphere of 6,378,100 m (by hand:
+    0.0045 * pi / 180 * 6378100); the box of a 501 m circle takes that point."""
+    places = [(40.4, -3.7), (40.5, -3.6)]
+    north = (40.4045, -3.7)
+    assert [p.tolist() for p in within(places, 501.0, [north])] == [[0]]
+    assert [p.tolist() for p in within(places, 500.0, [north])] == [[]]
+    assert near_expression(places[0], 501.0) == {
+        "georel": "near;maxDistance:501",
+        "geometry": "point",
+        "coords": "40.4,-3.7",
+    }
+    engine = Engine(box_subscriptions(places, 501.0))
+    [update] = fleet_updates(1, 1, vehicles=1)
+    moved = {**update.attributes}
+    moved["latitude"] = type(update.attributes["latitude"])("Number", north[0])
+    moved["longitude"] = type(update.attributes["longitude"])("Number", north[1])
+    assert engine.match(type(update)(update.entity_id, moved, update.entity_type)) == {"fleet-0"}
+    assert len(fleet_places(50, 1)) == 50 and len({u.entity_id for u in fleet_updates(200, 1)}) > 1
+
+
+def test_a_short_geo_run_reports_geo_and_no_geo(zookeeper: EmbeddedZooKeeper) -> None:
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "broker.cli", "bench", "ngsi", "--workload", "geo",
+            "--subscriptions", "200", "--max-distance", "1500", "--duration", "2",
+            "--clients", "4", "--batch", "5", "--drain", "10", "--zk", zookeeper.address, "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    baseline = summary["without_geo"]
+    assert (summary["workload"], baseline["workload"]) == ("geo", "no-geo")
+    for report in (summary, baseline):
+        assert report["updates"] > 0 and report["errors"] == {}
+        assert report["notifications"] > 0 and report["p99_ms"] > 0
+        assert report["expected"] > 0 and report["unexpected"] == 0
+    # a box holds its circle and more: the same readings notify more without geo
+    assert baseline["expected"] / baseline["updates"] > summary["expected"] / summary["updates"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration, Change, with_change
 from broker.ngsi.entity import to_wire
 from broker.ngsi.firing import Firing
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
+from broker.store.geo import location_of
 from broker.wire import internal_pb2 as wire
 
 
@@ -128,3 +131,73 @@ def test_a_geographical_subscription_fires_only_for_a_location_in_its_relation()
     assert fired is not None
     assert [entities.index(fired.entities[i]) for i in fired.indexes] == [0, 2]
     assert near.times_sent == 2
+
+
+def _near(number: int, lat: float, lon: float, meters: float, **document: Any) -> HttpSubscription:
+    expression = {
+        "georel": f"near;maxDistance:{meters!r}",
+        "geometry": "point",
+        "coords": f"{lat!r},{lon!r}",
+    }
+    return _subscription(number, subject={"condition": {"expression": expression}}, **document)
+
+
+GRID = st.integers(-6, 6).map(lambda n: n / 100)  # about 1.1 km apart, around (0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(GRID, GRID, st.sampled_from([500.0, 1113.2, 2226.4, 5000.0])), max_size=30),
+    st.lists(st.tuples(GRID, GRID), min_size=1, max_size=6),
+    st.booleans(),
+)
+def test_the_geo_index_fires_exactly_what_checking_each_subscription_fires(
+    circles: list[tuple[float, float, float]], points: list[tuple[float, float]], throttle: bool
+) -> None:
+    """Plain near subscriptions go through the index; the same with throttling (decided one
+    by one) and a direct check of each filter must agree."""
+    document = {"throttling": 1} if throttle else {}
+    subscriptions = [
+        _near(n, lat, lon, meters, **document) for n, (lat, lon, meters) in enumerate(circles)
+    ]
+    firing = Firing({s.handle: s for s in subscriptions})
+    entities = [
+        with_change(
+            to_wire(
+                f"E{i}",
+                "T",
+                "",
+                "/",
+                {"location": {"type": "geo:point", "value": f"{lat}, {lon}", "metadata": {}}},
+            ),
+            Change(Alteration.CHANGE, frozenset({"location"})),
+        ).SerializeToString()
+        for i, (lat, lon) in enumerate(points)
+    ]
+    pairs = [(s.number, i) for i in range(len(points)) for s in subscriptions]
+    batch = wire.NotificationBatchOut(
+        entities=entities,
+        handles=np.array([1000 + n for n, _i in pairs], dtype="<u8").tobytes(),
+        entity_index=np.array([i for _n, i in pairs], dtype="<u4").tobytes(),
+    )
+    fired = firing.decide(batch, now=1000.0)
+    got = (
+        []
+        if fired is None
+        else [
+            (n, entities.index(fired.entities[i]))
+            for n, i in zip(fired.numbers, fired.indexes, strict=True)
+        ]
+    )
+    expected = []
+    for n, i in pairs:
+        geo = subscriptions[n].parsed.geo
+        assert geo is not None
+        lat, lon = points[i]
+        if geo.matches(location_of("geo:point", f"{lat}, {lon}")):
+            expected.append((n, i))
+    if throttle:  # each fires at most once in a batch
+        expected = [
+            (n, i) for k, (n, i) in enumerate(expected) if n not in {m for m, _ in expected[:k]}
+        ]
+    assert got == expected

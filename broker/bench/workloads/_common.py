@@ -17,6 +17,8 @@ import numpy as np
 __all__ = [
     "DENSE_SUBS",
     "DENSE_UPDATES",
+    "FLEET_PLACES",
+    "FLEET_UPDATES",
     "IOT_SUBS",
     "IOT_UPDATES",
     "TEXT_SUBS",
@@ -28,6 +30,7 @@ __all__ = [
 
 # Stream numbers: one per generator, so one seed gives independent draws for each.
 IOT_SUBS, IOT_UPDATES, DENSE_SUBS, DENSE_UPDATES, TEXT_SUBS, TEXT_UPDATES = range(6)
+FLEET_PLACES, FLEET_UPDATES = range(6, 8)
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
