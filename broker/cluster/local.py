@@ -1036,17 +1036,21 @@ def retire_processes(state_dir: Path, names: Iterable[str], *, grace: float = ST
     return _retire(Path(state_dir), lambda p: p.get("name") in wanted, grace)
 
 
-def retire_all_but(state_dir: Path, role: Role, keep: Iterable[str]) -> int:
-    """Stop every process of ``role`` in cluster.json but those named ``keep``: the ones a
+def retire_all_but(state_dir: Path, role: Role, keep: Iterable[Member]) -> int:
+    """Stop every process of ``role`` in cluster.json but the members ``keep``: the ones a
     scale leaves out, and a dead one the supervisor is restarting (not registered again yet,
-    so no scale saw it), which would otherwise come back over the size asked for. How many
-    were running."""
-    kept = set(keep)
-    return _retire(
-        Path(state_dir),
-        lambda p: p.get("role") == role.value and p.get("name") not in kept,
-        STOP_GRACE,
-    )
+    so no scale saw it), which would otherwise come back over the size asked for. A kept
+    member is known by its pid too: the supervisor names a restarted one's entry only after
+    it registered. How many were running."""
+    names = {m.name for m in keep}
+    pids = {m.pid for m in keep}
+
+    def leaves(entry: dict[str, Any]) -> bool:
+        if entry.get("role") != role.value:
+            return False
+        return entry.get("name") not in names and int(entry.get("pid") or 0) not in pids
+
+    return _retire(Path(state_dir), leaves, STOP_GRACE)
 
 
 def _retire(state_dir: Path, leaves: Callable[[dict[str, Any]], bool], grace: float) -> int:

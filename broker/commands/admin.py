@@ -182,7 +182,9 @@ def run_scale(args: argparse.Namespace) -> int:
         outcome = scale_layer(client, args.layer, new, timeout=args.timeout)
         if outcome.outcome == "completed" and local is not None:
             if role is Role.CONNECTION_POINT and args.count <= len(old):
-                retire_all_but(local, role, new)  # and a dead one restarting (no scale saw it)
+                # and a dead one restarting (no scale saw it)
+                kept = [m for m in members(client, role.value) if m.name in new]
+                retire_all_but(local, role, kept)
             elif leaving:
                 retire_processes(local, leaving)
     except SilboError as exc:

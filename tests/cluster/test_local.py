@@ -25,12 +25,15 @@ from broker.cluster.local import (
     NoCluster,
     live_processes,
     read_cluster,
+    retire_all_but,
     stop_cluster,
 )
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.coordination.membership import Member
 from broker.errors import AddressInUse, InvalidInput
+from broker.runtime.options import Role
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
 pytestmark = pytest.mark.slow
@@ -275,3 +278,22 @@ def test_an_interrupted_start_leaves_nothing_running(tmp_path: Path) -> None:
     assert read_cluster(state) is None
     with open(state / "lock", "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_scale_in_keeps_a_member_its_entry_does_not_name_yet(tmp_path: Path) -> None:
+    """retire_all_but knows a kept member by its pid too: the supervisor names a restarted
+    process's entry only after it registered, and a scale in that completes in between kept
+    it (before: it was retired with the ones leaving). Nothing here runs: the file only."""
+    entries = [
+        {"role": "connection-point", "name": None, "pid": 4_000_001, "log": "cp-1.log"},
+        {"role": "connection-point", "name": "cp-b", "pid": 4_000_002, "log": "cp-2.log"},
+        {"role": "connection-point", "name": "cp-c", "pid": 4_000_003, "log": "cp-3.log"},
+        {"role": "matcher", "name": "m-a", "pid": 4_000_004, "log": "matcher-1.log"},
+    ]
+    (tmp_path / "cluster.json").write_text(json.dumps({"processes": entries}))
+    kept = Member("connection-point", "127.0.0.1:1", 4_000_001, 0.0, name="cp-a")
+    other = Member("connection-point", "127.0.0.1:3", 4_000_003, 0.0, name="cp-c")
+    assert retire_all_but(tmp_path, Role.CONNECTION_POINT, [kept, other]) == 0  # none ran
+    left = read_cluster(tmp_path)
+    assert left is not None
+    assert [p["log"] for p in left["processes"]] == ["cp-1.log", "cp-3.log", "matcher-1.log"]
