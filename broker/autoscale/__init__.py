@@ -1,0 +1,33 @@
+"""Automatic scaling of every layer (issue 19): the decision model and its knobs.
+
+:mod:`broker.autoscale.model` turns load figures into scale decisions (DS2's needed
+parallelism, seed 004's alarming / scale-out / scale-in thresholds); :mod:`broker.autoscale.policy`
+holds the knobs. Both are pure: no I/O, no ZooKeeper, no processes (docs/autoscaling.md).
+"""
+
+from broker.autoscale.model import (
+    PIPELINE,
+    Controller,
+    Decision,
+    Kind,
+    LayerSample,
+    LayerView,
+    Load,
+    Observation,
+    oscillations,
+)
+from broker.autoscale.policy import LAYERS, Policy
+
+__all__ = [
+    "LAYERS",
+    "PIPELINE",
+    "Controller",
+    "Decision",
+    "Kind",
+    "LayerSample",
+    "LayerView",
+    "Load",
+    "Observation",
+    "Policy",
+    "oscillations",
+]
