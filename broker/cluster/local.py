@@ -75,7 +75,13 @@ from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.ngsi.cors import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
-from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER, SESSION_GRACE, Role
+from broker.runtime.options import (
+    DEFAULT_CLUSTER,
+    PEER_HANG_AFTER,
+    SESSION_GRACE,
+    Role,
+    max_rate_problem,
+)
 from broker.store.layout import create_store_layout
 
 __all__ = [
@@ -128,6 +134,8 @@ class ClusterSpec:
     cors_origin: str = ""  # --cors-origin of every connection point ("": no CORS)
     cors_max_age: int = DEFAULT_MAX_AGE  # --cors-max-age of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
+    # --max-rate of every process of a layer: (role value, items a second), capacity emulation
+    max_rates: tuple[tuple[str, float], ...] = ()
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
     peer_hang_after: float = PEER_HANG_AFTER  # --peer-hang-after of every process (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
@@ -169,6 +177,7 @@ class ClusterSpec:
             problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
         if self.peer_hang_after < 0:
             problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
+        problems.extend(max_rates_problems(self.max_rates))
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
         if not self.http_read_timeout > 0:
@@ -213,6 +222,7 @@ class ChildOptions:
     session_grace: float = SESSION_GRACE
     cors_origin: str = ""
     cors_max_age: int = DEFAULT_MAX_AGE
+    max_rates: tuple[tuple[str, float], ...] = ()  # (role value, --max-rate) per capped layer
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -230,6 +240,7 @@ class ChildOptions:
             spec.session_grace,
             spec.cors_origin,
             spec.cors_max_age,
+            tuple(spec.max_rates),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,6 +258,7 @@ class ChildOptions:
             "session_grace": self.session_grace,
             "cors_origin": self.cors_origin,
             "cors_max_age": self.cors_max_age,
+            "max_rates": dict(self.max_rates),
         }
 
     @classmethod
@@ -256,6 +268,8 @@ class ChildOptions:
             return cls()
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["notify_allow"] = tuple(known.get("notify_allow") or ())
+        rates = known.get("max_rates")
+        known["max_rates"] = tuple(rates.items()) if isinstance(rates, dict) else ()
         return cls(**known)
 
     def arguments(self, role: Role, number: int) -> list[str]:
@@ -265,6 +279,9 @@ class ChildOptions:
             extra += ["--session-grace", f"{self.session_grace:g}"]
         if role is Role.MATCHER and self.spark_offload:
             extra += ["--spark-offload", str(self.spark_offload)]
+        for layer, rate in self.max_rates:
+            if layer == role.value:
+                extra += ["--max-rate", f"{rate:g}"]
         if role is Role.CONTEXT_STORE:  # slot n is store n: same id, same directory
             store = store_id_of(number)
             extra += ["--store-dir", str(Path(self.store_root) / store), "--store-id", store]
@@ -282,6 +299,24 @@ class ChildOptions:
             for entry in self.notify_allow:
                 extra += ["--notify-allow", entry]
         return extra
+
+
+def max_rates_problems(rates: Iterable[tuple[str, float]]) -> list[str]:
+    """What is wrong with per-layer ``--max-rate LAYER=N`` values (each problem once)."""
+    layers = [role.value for role in Role]
+    problems = []
+    seen = set()
+    for layer, rate in rates:
+        if layer not in layers:
+            problems.append(
+                f"--max-rate {layer}=N: no layer {layer!r} (one of {', '.join(layers)})"
+            )
+        elif layer in seen:
+            problems.append(f"--max-rate {layer}=N is given twice")
+        seen.add(layer)
+        if (problem := max_rate_problem(rate, f"--max-rate {layer}=N")) is not None:
+            problems.append(problem)
+    return problems
 
 
 def spawn_process(

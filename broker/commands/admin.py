@@ -251,6 +251,7 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
             entry["epoch"] = after.epoch
             entry["subscriptions"] = after.subscriptions
             entry["counters"] = dict(after.counters)
+            entry["load"] = _load_of(after.load)
             if before is not None and interval > 0:
                 entry["rates"] = {
                     key: round((value - before.counters.get(key, 0.0)) / elapsed, 1)
@@ -287,6 +288,23 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
             else f"stale plan {what}: its coordinator died; {ending}; the next scale removes it"
         )
     return status
+
+
+def _load_of(load: wire.Load) -> dict[str, Any]:
+    """A process's load signals (broker.runtime.load) as ``admin status --json`` shows them."""
+    return {
+        "window_s": round(load.window, 2),
+        "busy_fraction": round(load.busy_fraction, 3),
+        "input_rate": round(load.input_rate, 1),
+        "output_rate": round(load.output_rate, 1),
+        "true_rate": round(load.true_rate, 1),
+        "queue_depth": load.queue_depth,
+        "queue_age_s": round(load.queue_age, 3),
+        "busy_seconds": round(load.busy_seconds, 3),
+        "items_in": load.items_in,
+        "items_out": load.items_out,
+        "max_rate": load.max_rate,
+    }
 
 
 def _live_replicas(configuration: Configuration, found: Sequence[Member]) -> int:
@@ -348,16 +366,38 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"failures repaired: {len(status['failed'])} (last: {', '.join(recent)})")
     if status.get("store_layer"):
         _print_stores(status["store_layer"])
-    print(f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8}  rates/s")
+    print(
+        f"{'role':<17} {'name':<52} {'address':<22} {'pid':>7} {'subs':>8} {'busy':>5}  "
+        "load (5 s), rates/s"
+    )
     for p in status["processes"]:
         rates = ", ".join(
             f"{k.split(':', 1)[-1]} {v:g}" for k, v in p.get("rates", {}).items() if v
         )
         subs = str(p.get("subscriptions", "")) if p["role"] == "matcher" else ""
         state = "" if p["reachable"] else "  (not answering)"
+        load = p.get("load")
+        busy = f"{load['busy_fraction']:.0%}" if load else ""
         row = f"{p['role']:<17} {p['name']:<52} {p['address']:<22} {p['pid']:>7} {subs:>8}"
-        print(f"{row}  {rates or '-'}{state}")
+        shown = "; ".join(part for part in (_load_line(load), rates) if part)
+        print(f"{row} {busy:>5}  {shown or '-'}{state}")
     return 0
+
+
+def _load_line(load: dict[str, Any] | None) -> str:
+    """``in 201/s, out 180/s, true 207/s, queued 3 (0.4 s)``, ``max 200/s`` when capped."""
+    if not load:
+        return ""
+    parts = [
+        f"in {load['input_rate']:g}/s",
+        f"out {load['output_rate']:g}/s",
+        f"true {load['true_rate']:g}/s",
+    ]
+    if load["queue_depth"]:
+        parts.append(f"queued {load['queue_depth']} ({load['queue_age_s']:g} s)")
+    if load["max_rate"]:
+        parts.append(f"max {load['max_rate']:g}/s")
+    return ", ".join(parts)
 
 
 def _print_stores(layer: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@
          [--http-read-timeout S]]
                                                                       (connection points)
         [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]]     (context stores)
+        [--max-rate N]                 (serve at most N items/s: capacity emulation)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
 port in use, bad options) are one line on stderr and exit status 2.
@@ -115,6 +116,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_spark_offload(parser)
     parser.add_argument(
         "--spark-master", default="", help="matchers: the Spark master URL (default local[*])"
+    )
+    parser.add_argument(
+        "--max-rate",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="take in at most N data-path items a second, to emulate a process of that "
+        "capacity (docs/autoscaling.md; default 0: no cap)",
     )
     parser.set_defaults(handler=run)
 
@@ -248,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             store_dir=args.store_dir,
             store_id=args.store_id,
             store_engine=args.store_engine,
+            max_rate=args.max_rate,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
         return run_process(options, ROLES[options.role])

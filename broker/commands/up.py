@@ -6,6 +6,7 @@
         [--status-flush S] [--http-read-timeout S]]
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--hang-after 1.25] [--log-level INFO] [--timeout 60]
+        [--max-rate LAYER=N ...]     (capacity emulation: docs/autoscaling.md)
 
 Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
 STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
@@ -189,6 +190,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="INFO", help="the processes' logging level")
     parser.add_argument(
+        "--max-rate",
+        action="append",
+        default=[],
+        metavar="LAYER=N",
+        help="every process of LAYER (e.g. matcher) takes in at most N data-path items a "
+        "second, to emulate processes of that capacity (repeatable; docs/autoscaling.md)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for every process to register"
     )
     parser.set_defaults(handler=run)
@@ -204,6 +213,21 @@ def layer_sizes(args: argparse.Namespace) -> dict[str, int]:
     }
 
 
+def parse_max_rates(values: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """``--max-rate LAYER=N`` values as (layer, N) pairs (checked by ClusterSpec)."""
+    rates = []
+    for value in values:
+        layer, equals, number = value.partition("=")
+        try:
+            rates.append((layer.strip(), float(number)))
+        except ValueError:
+            raise InvalidInput(
+                f"--max-rate {value!r} must be LAYER=N (e.g. matcher=200)"
+                + ("" if equals else ": the '=' is missing")
+            ) from None
+    return tuple(rates)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the cluster; in the foreground, serve until stopped (see the module doc)."""
     use_cluster_token(args)
@@ -214,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = layer_sizes(args)
     try:
         spec = ClusterSpec(
+            max_rates=parse_max_rates(args.max_rate),
             matchers=sizes["matchers"],
             access_points=sizes["access_points"],
             exit_points=sizes["exit_points"],

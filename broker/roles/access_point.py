@@ -14,6 +14,10 @@ Each connection point holds one ``AccessPoint.Route`` stream to it. On that stre
 Numbering and sending happen under one lock, so every matcher's channel carries this access
 point's messages in sequence order: the exit points' watermarks depend on it.
 
+Load (broker.runtime.load): the items in and out are the updates routed (once each, however
+many matchers get them); a batch is busy while it waits for ``--max-rate`` tokens and while
+it is numbered and serialized, not while a full link to a matcher holds it back.
+
 Upstream backup (docs/failures.md): a batch that names its origin connection point is kept
 here until that connection point passes on the exit point's word that it was delivered
 (``Completed`` on the same stream). When a repair removes the exit point a kept batch was
@@ -181,11 +185,14 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         count = len(updates.entities)
         if not count:
             return  # it would take no sequence number: exit points key batches by theirs
+        await ctx.load.admit(count)
         async with self._lock:
             configuration = await self._routing(UPDATE_WAIT)
-            await self._send_updates(configuration, batch)
+            with ctx.load.working(count):  # not while a full link to a matcher blocks it
+                await self._send_updates(configuration, batch)
             if updates.origin_batch:
                 kept[updates.origin_batch] = _Kept(batch, updates.exit_points[0], time.monotonic())
+        ctx.load.output(count)
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.batch_size.labels(stream="Route").observe(count)
         ctx.metrics.retained.set(sum(map(len, self._kept)))

@@ -12,6 +12,11 @@ put on the session's stream. A session ending (the client went away) unsubscribe
 subscriptions, so nothing leaks. A session whose client reads too slowly is ended with
 RESOURCE_EXHAUSTED once its queue is full, so it cannot hold the others back.
 
+Load (broker.runtime.load): the items in are the updates published (over gRPC or HTTP) and
+the notifications the exit points deliver, the items out the updates sent on and the
+notifications put on sessions; busy is validating and packing a batch, and splitting a
+delivery by session (and waiting for ``--max-rate`` tokens), not the client I/O.
+
 The access point is chosen among the serving ones (the configuration's, live) by this
 process's registration number (so connection points spread evenly), and chosen again when
 it dies. When an access-point scale changes the
@@ -383,9 +388,12 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         ``store`` set is upserted in the context store first (broker/roles/stored_publish.py)."""
         if not request.entities:  # nothing to deliver: delivered now
             return _done(0)
-        objs = self._checked(request)
-        publisher = request.publisher or publisher
+        load = self._ctx().load
         count = len(request.entities)
+        await load.admit(count)
+        with load.working(count):
+            objs = self._checked(request)
+        publisher = request.publisher or publisher
         first = request.first_sequence
         entities: Sequence[pb.Entity] = request.entities
         sequences: Sequence[int] = range(first, first + count)
@@ -396,13 +404,15 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             objs = [normalize_entity(entity) for entity in entities]
         if entities:
             number = self._outbox.number()
-            payload = self._packed(
-                entities, objs, (publisher, request.incarnation), sequences, number
-            )
+            with load.working(0):
+                payload = self._packed(
+                    entities, objs, (publisher, request.incarnation), sequences, number
+                )
             link = await self._access_point()
             delivered = self._outbox.keep(number, payload, len(entities))
             self._ctx().metrics.retained.set(len(self._outbox))
             await link.send(payload)  # a link that just failed: the outbox sends it again
+            load.output(len(entities))
         else:
             delivered = _done(0)
         if request.store:  # the whole batch counts, or the store's refusal answers it
@@ -786,7 +796,10 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             received.inc()
             body = handoff.WhichOneof("body")
             if body == "deliveries":
-                self._deliver(handoff.deliveries)
+                notifications = len(handoff.deliveries.entity_index)
+                await ctx.load.admit(notifications)
+                with ctx.load.working(notifications):
+                    self._deliver(handoff.deliveries)
             elif body == "completed":
                 self._completed(handoff.completed)
             elif body == "marker" and handoff.marker.WhichOneof("kind") == "fence":
@@ -836,6 +849,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 self._end(session, "the subscriber reads too slowly; its session was ended")
                 continue
             delivered.inc(int(chosen.sum()))
+            self._ctx().load.output(int(chosen.sum()))
 
     # -- the access point -----------------------------------------------------------------
 

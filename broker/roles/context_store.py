@@ -31,6 +31,11 @@ store in a transition layout are copied, taken back where it ranks first, and cl
 its registration's missing ones; those it no longer holds once a layout settles are
 dropped.
 
+Load (broker.runtime.load): the items in and out are the entities written and the queries
+answered; a write is busy until it is durable here and on the backups (its replication
+included), a query while it is answered (on a worker thread), both after waiting for
+``--max-rate`` tokens.
+
 Failures (docs/failures.md): a store killed loses nothing it answered. Its partitions' next
 holder serves them at once (the fronts retry on it); with one replica, they wait for the
 store to be restarted on its directory (then 503). A storage failure stops the process
@@ -57,6 +62,7 @@ from kazoo.recipe.watchers import DataWatch
 from broker.errors import InvalidInput, SilboError
 from broker.roles.store_copy import Copier, NotYet
 from broker.runtime.link import CHANNEL_OPTIONS
+from broker.runtime.load import Load
 from broker.runtime.process import EXIT_FENCED, ProcessContext
 from broker.runtime.token import call_metadata
 from broker.store.engine import (
@@ -240,12 +246,16 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         number = next(self._numbers)
         self._in_flight[number] = partitions
         rows: list[list[Any]] = []
+        load = self._load()
         try:
-            results = await entities.apply(
-                intents,
-                replicate=lambda puts, deletes: self._replicate(view, puts, deletes),
-                rows=rows,
-            )
+            await load.admit(len(intents))
+            with load.working(len(intents)):
+                results = await entities.apply(
+                    intents,
+                    replicate=lambda puts, deletes: self._replicate(view, puts, deletes),
+                    rows=rows,
+                )
+            load.output(len(intents))
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -530,10 +540,19 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"store {self.store_id} is not the primary of partitions {sorted(asked - mine)}",
             )
+        load = self._load()
         try:
-            body = await asyncio.to_thread(
-                answer_query, entities, kind, query, mine if asked is None else asked, time.time()
-            )
+            await load.admit(1)
+            with load.working(1):
+                body = await asyncio.to_thread(
+                    answer_query,
+                    entities,
+                    kind,
+                    query,
+                    mine if asked is None else asked,
+                    time.time(),
+                )
+            load.output(1)
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -558,6 +577,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
     def _zk(self) -> Any:
         assert self._context is not None
         return self._context.zk
+
+    def _load(self) -> Load:
+        assert self._context is not None
+        return self._context.load
 
     def _on_layout_change(self) -> None:  # kazoo's thread
         assert self._context is not None

@@ -13,6 +13,11 @@ Delivering a batch merges the partials' subscription handles per update, routes 
 connection point (the top bits of the handle) and sends one ``Deliveries`` message to each
 connection point concerned.
 
+Load (broker.runtime.load): the items in are the updates of the batches delivered (once
+each, however many matchers reported them), the items out the notifications sent on; a batch
+is busy while it waits for ``--max-rate`` tokens and while its partials are merged and its
+deliveries serialized, not while a full link to a connection point holds it back.
+
 Markers from the matchers (docs/protocol.md):
 
 - a *switch* says an access point's old epoch is over on that matcher's channel. In an
@@ -233,6 +238,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             self._ctx().loop.create_task(self._release(access_point))
 
     async def _release(self, access_point: str) -> None:
+        load = self._ctx().load
         async with self._lock:
             line = self._pending.get(access_point)
             completed: dict[int, list[int]] = {}
@@ -245,7 +251,10 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                     break
                 del line[head.first_seq]
                 self._next[access_point] = head.last_seq + 1
-                await self._deliver(head)
+                updates = head.last_seq - head.first_seq + 1
+                await load.admit(updates)
+                with load.working(updates):
+                    await self._deliver(head)
                 self._note_completed(head, completed)
             await self._send_completed(completed)
             await self._pass_fences()
@@ -541,6 +550,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 ctx.metrics.items_out.labels(kind="undeliverable").inc(int(chosen.sum()))
                 continue
             ctx.metrics.items_out.labels(kind="notification").inc(int(chosen.sum()))
+            ctx.load.output(int(chosen.sum()))
 
     # -- sessions resumed elsewhere (broker/runtime/retained.py) ----------------------------
 

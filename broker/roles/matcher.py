@@ -12,6 +12,10 @@ Each access point holds one ``Matcher.Match`` stream to it, on which, in order:
   gathers none of the batch's updates still gets the (empty) partial, which is how it knows
   this matcher has nothing for them.
 
+Load (broker.runtime.load): the items in are the updates matched, the items out the
+matches; a batch is busy while it waits for ``--max-rate`` tokens, is decoded and matched
+(sending its partials is not: a full link to a slow exit point is that exit point's load).
+
 A matcher scale is followed by a :class:`broker.roles.participant.Participant` (its phases
 and their order are that module's doc); the snapshot protocol itself is docs/protocol.md.
 
@@ -211,6 +215,7 @@ class Matcher(wire_grpc.MatcherServicer):
             if body == "hello":
                 sender = batch.hello.sender
             elif body == "updates":
+                await ctx.load.admit(len(batch.updates.entities))
                 async with self._lock:
                     await self._match(sender, batch.updates)
             elif body == "subscriptions":
@@ -357,6 +362,31 @@ class Matcher(wire_grpc.MatcherServicer):
 
     async def _match(self, access_point: str, updates: wire.Updates) -> None:
         ctx = self._ctx()
+        with ctx.load.working(len(updates.entities)):
+            partials, matched = await self._partials(updates)
+        ctx.load.output(matched)
+        gatherers = list(updates.gatherers) or list(self._links)
+        await self._await_exit_points(set(gatherers))
+        last = updates.first_seq + len(updates.entities) - 1
+        for sequence in gatherers:
+            link = self._links.get(sequence)
+            if link is None:
+                continue  # the exit point died: its batches are lost with it
+            partial = partials.get(sequence) or wire.Partial()
+            partial.access_point = access_point
+            partial.first_seq = updates.first_seq
+            partial.last_seq = last
+            partial.epoch = updates.epoch
+            partial.origin = updates.origin
+            partial.origin_batch = updates.origin_batch
+            partial.incarnation = updates.incarnation
+            partial.completer = updates.exit_points[0]  # one publisher per batch
+            await link.send(wire.Gather(partial=partial).SerializeToString())
+
+    async def _partials(self, updates: wire.Updates) -> tuple[dict[int, wire.Partial], int]:
+        """Match a batch: the partial result for each exit point concerned (by member
+        sequence), and the number of matches."""
+        ctx = self._ctx()
         started = time.perf_counter()
         batch = [trusted_update_from_obj(obj) for obj in unpackb(updates.matchable)]
         results = None
@@ -414,23 +444,7 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.stage_seconds.labels(stage="match").observe(time.perf_counter() - started)
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.items_out.labels(kind="match").inc(len(handles))
-        gatherers = list(updates.gatherers) or list(self._links)
-        await self._await_exit_points(set(gatherers))
-        last = updates.first_seq + count - 1
-        for sequence in gatherers:
-            link = self._links.get(sequence)
-            if link is None:
-                continue  # the exit point died: its batches are lost with it
-            partial = partials.get(sequence) or wire.Partial()
-            partial.access_point = access_point
-            partial.first_seq = updates.first_seq
-            partial.last_seq = last
-            partial.epoch = updates.epoch
-            partial.origin = updates.origin
-            partial.origin_batch = updates.origin_batch
-            partial.incarnation = updates.incarnation
-            partial.completer = updates.exit_points[0]  # one publisher per batch
-            await link.send(wire.Gather(partial=partial).SerializeToString())
+        return partials, len(handles)
 
     # -- the scale protocol (docs/protocol.md) ---------------------------------------------
 

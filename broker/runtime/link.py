@@ -3,7 +3,9 @@
 Payloads are serialized messages (bytes): a sender that fans one message out to several
 peers serializes it once. The first message on every stream is the sender's Hello. The
 queue bounds what waits for the peer (``send`` blocks when it is full: backpressure flows
-back to whoever feeds the link); gRPC's own flow control bounds what is in flight.
+back to whoever feeds the link); gRPC's own flow control bounds what is in flight. The
+queue's backlog (how many wait, since when) counts in the process's load
+(broker.runtime.load); a sender blocked on a full queue is not busy meanwhile.
 
 States::
 
@@ -21,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
 from broker.coordination.membership import Member
+from broker.runtime.load import blocked
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.token import call_metadata
 
@@ -99,6 +103,9 @@ class Link:
         self._channel: grpc.aio.Channel | None = None
         self._depth = metrics.queue_depth.labels(link=f"{method.rsplit('/', 1)[-1]}:{peer}")
         self._sent = metrics.messages_out.labels(stream=method.rsplit("/", 1)[-1])
+        self._clock = metrics.load.clock
+        self._queued: deque[float] = deque()  # when each queued payload was queued
+        metrics.load.watch(self)
 
     @property
     def state(self) -> LinkState:
@@ -116,9 +123,20 @@ class Link:
         """Queue one serialized message; False (and nothing queued) if the link is down."""
         if self._state is not LinkState.OPEN:
             return False
-        await self._queue.put(payload)
+        if self._queue.full():
+            with blocked():  # backpressure: the peer is slow, this process is not busy
+                await self._queue.put(payload)
+        else:
+            self._queue.put_nowait(payload)
+        if self.state is not LinkState.FAILED:  # else abort() or a failure emptied the queue
+            self._queued.append(self._clock())
         self._depth.set(self._queue.qsize())
         return True
+
+    def waiting(self) -> tuple[int, float | None]:
+        """``(payloads queued, when the oldest was queued)`` (broker.runtime.load)."""
+        queued = self._queued
+        return len(queued), (queued[0] if queued else None)
 
     async def close(self, timeout: float = 5.0) -> None:
         """Send what is queued, end the stream, and wait (at most ``timeout`` s) for the peer."""
@@ -149,6 +167,7 @@ class Link:
             self._task.cancel()
         while not self._queue.empty():  # each slot freed lets one blocked put through
             self._queue.get_nowait()
+        self._queued.clear()
         self._depth.set(0)
         if was_open and self._on_failure is not None:
             self._on_failure(self, ConnectionAbortedError(f"{self.peer} was given up"))
@@ -158,6 +177,8 @@ class Link:
         while True:
             item = await self._queue.get()
             self._depth.set(self._queue.qsize())
+            if self._queued:
+                self._queued.popleft()
             if item is _CLOSE:
                 return
             assert isinstance(item, bytes)
@@ -194,6 +215,7 @@ class Link:
         _log.warning("link to %s (%s) failed: %s", self.peer, self.address, exc)
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._queued.clear()
         self._depth.set(0)
         if was_open and self._on_failure is not None:
             self._on_failure(self, exc)

@@ -12,6 +12,17 @@ Every process has the same families, labelled by what they count:
 - ``silbo_http_notifications_total{outcome}``: HTTP notifications (connection points):
   ``delivered``, ``retried`` (attempts after the first), ``gave_up`` (the retry window
   passed), ``dropped`` (a full queue)
+
+The load signals (broker.runtime.load; docs/autoscaling.md), the same on every layer,
+averaged over the last 5 seconds and refreshed every second:
+
+- ``silbo_busy_fraction``: the share of wall time spent working on data-path batches (or
+  waiting for ``--max-rate`` tokens), 0 to 1; ``silbo_busy_seconds_total`` its total
+- ``silbo_input_rate`` / ``silbo_output_rate``: data-path items taken in / handed on a second
+- ``silbo_true_rate``: items taken in per busy second (what the process could take in)
+- ``silbo_outbound_queue_depth`` / ``silbo_outbound_queue_age_seconds``: messages waiting
+  on the outbound links, and how long the oldest has waited
+- ``silbo_max_rate``: the ``--max-rate`` cap (0: none)
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from broker.addresses import parse_address
 from broker.errors import InvalidInput
+from broker.runtime.load import Load, LoadSample
 
 __all__ = ["ProcessMetrics"]
 
@@ -28,9 +40,10 @@ _SECONDS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 
 
 
 class ProcessMetrics:
-    """The metric families of one process, in a registry of its own."""
+    """The metric families of one process, in a registry of its own, and its load meter."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, load: Load | None = None) -> None:
+        self.load = load or Load()
         self.registry = CollectorRegistry()
         r = self.registry
         self.messages_in = Counter(
@@ -63,6 +76,26 @@ class ProcessMetrics:
         )
         self.info = Gauge("silbo_process_info", "this process", ["role"], registry=r)
         self.info.labels(role=role).set(1)
+        self.busy_fraction = Gauge(
+            "silbo_busy_fraction", "share of wall time working on data-path batches", registry=r
+        )
+        self.busy_seconds = Counter(
+            "silbo_busy_seconds", "seconds spent working on data-path batches", registry=r
+        )
+        self.input_rate = Gauge("silbo_input_rate", "data-path items in a second", registry=r)
+        self.output_rate = Gauge("silbo_output_rate", "data-path items out a second", registry=r)
+        self.true_rate = Gauge("silbo_true_rate", "items in per busy second", registry=r)
+        self.outbound_depth = Gauge(
+            "silbo_outbound_queue_depth", "messages waiting on the outbound links", registry=r
+        )
+        self.outbound_age = Gauge(
+            "silbo_outbound_queue_age_seconds",
+            "how long the oldest message waiting on an outbound link has waited",
+            registry=r,
+        )
+        self.max_rate = Gauge("silbo_max_rate", "the --max-rate cap (0: none)", registry=r)
+        self.max_rate.set(self.load.max_rate)
+        self._busy_shown = 0.0
 
     def serve(self, listen: str) -> str:
         """Serve the registry over HTTP on ``listen`` (port 0: any); the bound host:port."""
@@ -72,6 +105,19 @@ class ProcessMetrics:
         except OSError as exc:
             raise InvalidInput(f"cannot serve metrics on {listen}: {exc.strerror or exc}") from exc
         return f"{host}:{server.server_address[1]}"
+
+    def show_load(self) -> LoadSample:
+        """Sample the load and set its gauges (on the event loop: the load is not shared)."""
+        sample = self.load.sample()
+        self.busy_fraction.set(sample.busy_fraction)
+        self.busy_seconds.inc(max(0.0, sample.busy_seconds - self._busy_shown))
+        self._busy_shown = max(self._busy_shown, sample.busy_seconds)
+        self.input_rate.set(sample.input_rate)
+        self.output_rate.set(sample.output_rate)
+        self.true_rate.set(sample.true_rate)
+        self.outbound_depth.set(sample.queue_depth)
+        self.outbound_age.set(sample.queue_age)
+        return sample
 
     def totals(self) -> dict[str, float]:
         """Every counter's total (summed over labels), e.g. ``{"items_in:update": 1200}``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from broker.addresses import parse_address
@@ -17,7 +18,7 @@ SESSION_GRACE = 30.0
 MAX_SESSION_GRACE = 3600.0  # seconds: what is kept for a dead connection point is bounded
 PEER_HANG_AFTER = 5.0  # seconds without an answer before the repairer declares a member dead
 
-__all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "parse_address"]
+__all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "max_rate_problem", "parse_address"]
 
 DEFAULT_CLUSTER = "silbo"
 
@@ -63,6 +64,8 @@ class ProcessOptions:
     ``store_id`` its stable id (default: the one the directory records, else ``store-`` and
     the directory's name), ``store_engine`` the embedded storage of a new directory
     (broker.store.engine; an existing one keeps its own).
+    ``max_rate``: the process takes in at most that many data-path items a second (0: no
+    cap), to emulate a process of that capacity (broker.runtime.load; docs/autoscaling.md).
     """
 
     role: Role
@@ -87,6 +90,7 @@ class ProcessOptions:
     store_dir: str = ""
     store_id: str = ""
     store_engine: str = ""
+    max_rate: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -139,7 +143,16 @@ class ProcessOptions:
             )
         if self.peer_hang_after < 0:
             problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
+        if (problem := max_rate_problem(self.max_rate)) is not None:
+            problems.append(problem)
         if self.zk_timeout <= 0:
             problems.append("the ZooKeeper timeout must be positive")
         if problems:
             raise InvalidInput("; ".join(problems))
+
+
+def max_rate_problem(rate: float, flag: str = "--max-rate") -> str | None:
+    """What is wrong with a ``--max-rate`` (None: nothing)."""
+    if math.isfinite(rate) and rate >= 0:
+        return None
+    return f"{flag} must be a number of items a second, 0 or more (0: no cap), not {rate:g}"

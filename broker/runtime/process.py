@@ -40,6 +40,7 @@ from broker.coordination.repair import Repairer
 from broker.errors import AddressInUse
 from broker.runtime.link import SERVER_OPTIONS
 from broker.runtime.liveness import PeerWatch
+from broker.runtime.load import Load, LoadSample
 from broker.runtime.metrics import ProcessMetrics
 from broker.runtime.options import ProcessOptions, parse_address
 from broker.runtime.token import TokenCheck, cluster_token
@@ -65,6 +66,11 @@ class ProcessContext:
     def name(self) -> str:
         """This process's member name (unique in the cluster)."""
         return self.member.name
+
+    @property
+    def load(self) -> Load:
+        """This process's load meter and rate cap (broker.runtime.load)."""
+        return self.metrics.load
 
     def hello(self) -> bytes:
         """The Hello every internal stream of this process opens with (a serialized Batch)."""
@@ -114,12 +120,30 @@ class _AdminServicer(wire_grpc.AdminServicer):
             pid=os.getpid(),
             epoch=epoch,
             subscriptions=subscriptions,
+            load=_load_message(self._metrics.show_load()),
             counters=self._metrics.totals(),
             metrics=member.metrics if member else "",
         )
 
 
+def _load_message(sample: LoadSample) -> wire.Load:
+    return wire.Load(
+        window=sample.window,
+        busy_fraction=sample.busy_fraction,
+        input_rate=sample.input_rate,
+        output_rate=sample.output_rate,
+        true_rate=sample.true_rate,
+        queue_depth=sample.queue_depth,
+        queue_age=sample.queue_age,
+        busy_seconds=sample.busy_seconds,
+        items_in=sample.items_in,
+        items_out=sample.items_out,
+        max_rate=sample.max_rate,
+    )
+
+
 EXIT_FENCED = 75  # the registration was lost: start again as a new member
+LOAD_REFRESH = 1.0  # seconds between two refreshes of the load gauges
 
 
 def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
@@ -160,7 +184,7 @@ async def serve(
     )
     watcher = ConnectionStateWatcher(zk)
     watcher.on(None, lambda state: _log.warning("ZooKeeper connection: %s", state.value))
-    metrics = ProcessMetrics(options.role.value)
+    metrics = ProcessMetrics(options.role.value, Load(max_rate=options.max_rate))
     role = make_role()
     # no SO_REUSEPORT: a port another process holds must be an error, not a shared port
     token = cluster_token()
@@ -218,6 +242,7 @@ async def serve(
             if options.peer_hang_after > 0
             else None
         )
+        showing = loop.create_task(_show_load(metrics), name="load gauges")
         gc.freeze()  # what start-up built lives as long as the process
         _log.info(
             "%s %s serving on %s%s",
@@ -238,6 +263,7 @@ async def serve(
             repairer.stop()
             os._exit(EXIT_FENCED)  # nothing of this process may act any more
         _log.info("%s %s stopping", options.role.value, member.name)
+        showing.cancel()
         del watch_own
         if peers is not None:
             await asyncio.to_thread(peers.close)  # it waits for a probe round: not on the loop
@@ -251,6 +277,14 @@ async def serve(
         watcher.close()
         await asyncio.to_thread(_close, zk)
     return 0
+
+
+async def _show_load(metrics: ProcessMetrics) -> None:
+    """Refresh the load gauges (a Prometheus scrape runs on a thread of its own and reads
+    them; the load itself is the event loop's)."""
+    while True:
+        metrics.show_load()
+        await asyncio.sleep(LOAD_REFRESH)
 
 
 async def _first(*waits: Coroutine[Any, Any, Any]) -> None:

@@ -266,7 +266,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ProcessStatus(_message.Message):
-    __slots__ = ("name", "role", "address", "pid", "epoch", "subscriptions", "counters", "metrics")
+    __slots__ = ("name", "role", "address", "pid", "epoch", "subscriptions", "counters", "metrics", "load")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class ProcessStatus(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     address: str
@@ -290,7 +291,34 @@ class ProcessStatus(_message.Message):
     subscriptions: int
     counters: _containers.ScalarMap[str, float]
     metrics: str
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., subscriptions: _Optional[int] = ..., counters: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[str] = ...) -> None: ...
+    load: Load
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., subscriptions: _Optional[int] = ..., counters: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("window", "busy_fraction", "input_rate", "output_rate", "true_rate", "queue_depth", "queue_age", "busy_seconds", "items_in", "items_out", "max_rate")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_RATE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_RATE_FIELD_NUMBER: _ClassVar[int]
+    TRUE_RATE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_AGE_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_IN_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_OUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RATE_FIELD_NUMBER: _ClassVar[int]
+    window: float
+    busy_fraction: float
+    input_rate: float
+    output_rate: float
+    true_rate: float
+    queue_depth: int
+    queue_age: float
+    busy_seconds: float
+    items_in: int
+    items_out: int
+    max_rate: float
+    def __init__(self, window: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., input_rate: _Optional[float] = ..., output_rate: _Optional[float] = ..., true_rate: _Optional[float] = ..., queue_depth: _Optional[int] = ..., queue_age: _Optional[float] = ..., busy_seconds: _Optional[float] = ..., items_in: _Optional[int] = ..., items_out: _Optional[int] = ..., max_rate: _Optional[float] = ...) -> None: ...
 
 class Part(_message.Message):
     __slots__ = ("sender", "epoch", "data", "plan")
