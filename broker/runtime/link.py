@@ -155,6 +155,12 @@ class Link:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except TimeoutError:
                 self._task.cancel()
+            except asyncio.CancelledError:
+                # abort() cancelled the stream meanwhile (a repair gave the peer up while
+                # this process stops): closed all the same; a cancel of ours goes on
+                current = asyncio.current_task()
+                if not self._task.cancelled() or (current is not None and current.cancelling()):
+                    raise
         if self._channel is not None:
             await self._channel.close()
 
