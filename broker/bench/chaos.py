@@ -422,7 +422,7 @@ class _Run:
                     return
             time.sleep(0.1)
 
-    def _wait_http_settled(self, quiet: float = 5.0) -> None:
+    def _wait_http_settled(self, quiet: float = 2.0) -> None:
         """Wait until the HTTP receiver got nothing new for ``quiet`` seconds (at most 120 s):
         notifications a front's worker still had queued are late, not lost."""
         deadline = time.monotonic() + 120
