@@ -102,6 +102,7 @@ ATTRS_FORMAT_CODES: Mapping[AttrsFormat, int] = {
     AttrsFormat.VALUES: 2,
     AttrsFormat.SIMPLIFIED_NORMALIZED: 3,
     AttrsFormat.SIMPLIFIED_KEY_VALUES: 4,
+    AttrsFormat.LEGACY: 5,
 }
 _STATUSES = {code: status for status, code in STATUS_CODES.items()}
 _ATTRS_FORMATS = {code: attrs_format for attrs_format, code in ATTRS_FORMAT_CODES.items()}

@@ -46,6 +46,7 @@ class AttrsFormat(enum.Enum):
     VALUES = "values"
     SIMPLIFIED_NORMALIZED = "simplifiedNormalized"
     SIMPLIFIED_KEY_VALUES = "simplifiedKeyValues"
+    LEGACY = "legacy"  # NGSIv1: {"subscriptionId", "originator", "contextResponses"}
 
 
 class Status(enum.Enum):

@@ -130,6 +130,8 @@ PUBLISHED = 200  # the code of an MQTT message the broker took (GET shows none f
 AUTH_TOKEN = "x-auth-token"  # forwarded from the update unless a subscription's headers name it
 _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
+# how a wrapped body ends (NGSIv1's legacy: one context response, with its status code)
+_ENDS = {AttrsFormat.LEGACY: b',"statusCode":{"code":"200","reasonPhrase":"OK"}}]}'}
 # Headers the worker sets itself on every request (a subscription's own are left out).
 _OWN_HEADERS = frozenset(
     {
@@ -523,7 +525,12 @@ class Worker:
             config = Config.from_list(data)
             target, service = _target(config) if config.mqtt is None else (None, b"")
             broker, topic = _mqtt_target(config)
-            wrapper = b'{"subscriptionId":"%s","data":[' % sid.encode()
+            wrapper = (
+                b'{"subscriptionId":"%s","originator":"localhost","contextResponses":'
+                b'[{"contextElement":' % sid.encode()
+                if config.attrs_format is AttrsFormat.LEGACY
+                else b'{"subscriptionId":"%s","data":[' % sid.encode()
+            )
             custom = _Custom.compile(config)
             own_token = any(k.lower() == AUTH_TOKEN for k, _v in config.headers)
             subscription = self._subscriptions.get(number)
@@ -752,9 +759,16 @@ def _wrapped(subscription: _Subscription, one: _Entity) -> bytes:
     """The normal body of a notification: the rendered entity, wrapped in
     ``{"subscriptionId", "data"}`` unless the format is a simplified one."""
     body = _body(subscription, one)
-    if subscription.config.attrs_format in _WRAPPED:
-        body = b"%s%s]}" % (subscription.wrapper, body)
-    return body
+    return _wrap(subscription, body)
+
+
+def _wrap(subscription: _Subscription, body: bytes) -> bytes:
+    """``body`` (the rendered entity) as the notification's body: in ``{"subscriptionId",
+    "data"}`` (or NGSIv1's ``contextResponses``) unless the format is a simplified one."""
+    attrs_format = subscription.config.attrs_format
+    if attrs_format not in _WRAPPED:
+        return body
+    return b"%s%s%s" % (subscription.wrapper, body, _ENDS.get(attrs_format, b"]}"))
 
 
 def _body(subscription: _Subscription, one: _Entity) -> bytes:
@@ -937,9 +951,7 @@ class _Custom:
             body = _patched(subscription.config, one, self.ngsi, context)
         else:
             body = _body(subscription, one)
-        if subscription.config.attrs_format in _WRAPPED:
-            body = b"%s%s]}" % (subscription.wrapper, body)
-        return body
+        return _wrap(subscription, body)
 
 
 def _dumps(value: Any) -> bytes:

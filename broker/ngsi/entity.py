@@ -210,6 +210,8 @@ def render(
     names = _selected(attributes, attrs, except_attrs)
     if attrs_format is AttrsFormat.VALUES:
         return [attributes[n]["value"] for n in names]
+    if attrs_format is AttrsFormat.LEGACY:
+        return _context_element(entity_id, entity_type, {n: attributes[n] for n in names})
     out: dict[str, Any] = {"id": entity_id, "type": entity_type}
     if attrs_format in (AttrsFormat.KEY_VALUES, AttrsFormat.SIMPLIFIED_KEY_VALUES):
         for name in names:
@@ -218,6 +220,22 @@ def render(
         for name in names:
             out[name] = attributes[name]
     return out
+
+
+def _context_element(entity_id: str, entity_type: str, attributes: Attributes) -> Any:
+    """The entity as NGSIv1's ``contextElement`` (Orion's ``legacy`` notifications): its
+    attributes as a list, each with ``metadatas`` when it has metadata."""
+    listed = []
+    for name, attribute in attributes.items():
+        one = {"name": name, "type": attribute["type"], "value": attribute["value"]}
+        metadata = attribute.get("metadata") or {}
+        if metadata:
+            one["metadatas"] = [
+                {"name": key, "type": item["type"], "value": item["value"]}
+                for key, item in metadata.items()
+            ]
+        listed.append(one)
+    return {"type": entity_type, "isPattern": "false", "id": entity_id, "attributes": listed}
 
 
 def to_wire(

@@ -165,14 +165,55 @@ def test_attrs_except_attrs_and_formats(front: Front, receiver: Receiver) -> Non
             receiver.url(), notification={"attrs": ["b", "a"], "attrsFormat": "values"}
         ),
     )
+    legacy = subscribe(
+        front,
+        h,
+        http_subscription(
+            receiver.url(), notification={"attrs": ["b", "a"], "attrsFormat": "legacy"}
+        ),
+    )
     publish(
         front,
         h,
-        {"id": "E", "type": "T", "a": {"value": 1}, "b": {"value": "x"}, "c": {"value": True}},
+        {
+            "id": "E",
+            "type": "T",
+            "a": {"value": 1, "metadata": {"unit": {"type": "Text", "value": "m"}}},
+            "b": {"value": "x"},
+            "c": {"value": True},
+        },
     )
-    got = receiver.wait_for(3)
+    got = receiver.wait_for(4)
+    [old] = [n for n in got if n.body["subscriptionId"] == legacy]
+    assert old.headers["Ngsiv2-AttrsFormat"] == "legacy"
+    assert old.body == {  # NGSIv1, as Orion's legacy notifications
+        "subscriptionId": legacy,
+        "originator": "localhost",
+        "contextResponses": [
+            {
+                "contextElement": {
+                    "type": "T",
+                    "isPattern": "false",
+                    "id": "E",
+                    "attributes": [
+                        {"name": "b", "type": "Text", "value": "x"},
+                        {
+                            "name": "a",
+                            "type": "Number",
+                            "value": 1,
+                            "metadatas": [{"name": "unit", "type": "Text", "value": "m"}],
+                        },
+                    ],
+                },
+                "statusCode": {"code": "200", "reasonPhrase": "OK"},
+            }
+        ],
+    }
+    assert get(front, h, legacy)["notification"]["attrsFormat"] == "legacy"
     formats = {
-        n.body["subscriptionId"]: (n.headers["Ngsiv2-AttrsFormat"], n.body["data"][0]) for n in got
+        n.body["subscriptionId"]: (n.headers["Ngsiv2-AttrsFormat"], n.body["data"][0])
+        for n in got
+        if n.body["subscriptionId"] != legacy
     }
     assert formats[only] == ("keyValues", {"id": "E", "type": "T", "b": "x", "a": 1})
     assert formats[but] == (
