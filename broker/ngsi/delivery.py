@@ -127,6 +127,7 @@ QUIT = "q"  # the kind of the message that stops the worker as planned (no drain
 UNSENDABLE = "the URL or a header cannot be sent"  # lastFailureReason: given up at once
 UNPUBLISHABLE = "the MQTT topic cannot be published to"  # lastFailureReason: given up at once
 PUBLISHED = 200  # the code of an MQTT message the broker took (GET shows none for MQTT)
+ALTERATION_TYPE = "alterationType"  # the builtin attribute only notifications carry
 AUTH_TOKEN = "x-auth-token"  # forwarded from the update unless a subscription's headers name it
 _NULL: dict[str, Any] = {"type": "None", "value": None, "metadata": {}}
 _WRAPPED = frozenset(f for f in AttrsFormat if not f.value.startswith("simplified"))
@@ -813,7 +814,8 @@ def _prepared(attributes: Attributes, change: Change, config: Config) -> Attribu
 
 def _with_builtins(attributes: Attributes, change: Change, config: Config) -> Attributes:
     """The attributes as a subscription notifies them (Orion's rules): the builtin
-    attributes ``dateCreated`` / ``dateModified`` when ``notification.attrs`` names them;
+    attributes ``dateCreated`` / ``dateModified`` / ``alterationType`` (what the update did:
+    entityCreate, entityChange...) when ``notification.attrs`` names them;
     with ``notification.metadata``, only the metadata it names (``*``: every user one) and
     the builtin metadata it names (``dateCreated``, ``dateModified``, ``previousValue``,
     ``actionType``; a user metadata of the same name wins)."""
@@ -821,6 +823,9 @@ def _with_builtins(attributes: Attributes, change: Change, config: Config) -> At
     wanted = [a for a in config.attrs if a in change.attributes and a not in attributes]
     if wanted:
         out = {**attributes, **{a: change.attributes[a] for a in wanted}}
+    if ALTERATION_TYPE in config.attrs and ALTERATION_TYPE not in attributes:
+        alteration = {"type": "Text", "value": change.alteration.value, "metadata": {}}
+        out = {**out, ALTERATION_TYPE: alteration}
     names = config.metadata
     if not names:
         return out

@@ -476,7 +476,7 @@ def test_builtin_metadata_and_attributes_when_asked(front: Front, receiver: Rece
         http_subscription(
             receiver.url(),
             notification={
-                "attrs": ["t", "dateCreated", "dateModified"],
+                "attrs": ["t", "dateCreated", "dateModified", "alterationType"],
                 "metadata": ["previousValue", "actionType", "dateModified", "unit"],
             },
         ),
@@ -495,8 +495,13 @@ def test_builtin_metadata_and_attributes_when_asked(front: Front, receiver: Rece
     for sid in (builtins, plain, every):
         wait_until(lambda sid=sid: len(by_subscription(receiver, sid)) == 2, f"two for {sid}")
     first, second = (b["data"][0] for b in by_subscription(receiver, builtins))
-    assert set(first) == {"id", "type", "t", "dateCreated", "dateModified"}
+    assert set(first) == {"id", "type", "t", "dateCreated", "dateModified", "alterationType"}
     assert first["dateCreated"]["type"] == "DateTime"
+    alterations = [n["alterationType"] for n in (first, second)]
+    assert alterations == [
+        {"type": "Text", "value": "entityCreate", "metadata": {}},
+        {"type": "Text", "value": "entityChange", "metadata": {}},
+    ]
     assert first["t"]["metadata"]["actionType"] == {"type": "Text", "value": "append"}
     assert "previousValue" not in first["t"]["metadata"]  # created: nothing before
     metadata = second["t"]["metadata"]
