@@ -824,7 +824,11 @@ def _with_builtins(attributes: Attributes, change: Change, config: Config) -> At
     if wanted:
         out = {**attributes, **{a: change.attributes[a] for a in wanted}}
     if ALTERATION_TYPE in config.attrs and ALTERATION_TYPE not in attributes:
-        alteration: dict[str, Any] = {"type": "Text", "value": change.alteration.value, "metadata": {}}
+        alteration: dict[str, Any] = {
+            "type": "Text",
+            "value": change.alteration.value,
+            "metadata": {},
+        }
         out = {**out, ALTERATION_TYPE: alteration}
     names = config.metadata
     if not names:
