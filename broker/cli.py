@@ -8,7 +8,8 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo demo                      broker.demo_cluster
     silbo demo-engine               broker.demo
     silbo run ROLE                  broker.commands.run
-    silbo admin init|status|scale   broker.commands.admin
+    silbo admin init|status|scale|autoscale   broker.commands.admin
+    silbo autoscaler                broker.commands.autoscaler
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo replay                    broker.commands.replay
@@ -57,7 +58,16 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
         "run one broker process (connection point, access point, matcher, exit point)",
         "broker.commands.run:configure",
     ),
-    ("admin", "operate a running cluster (init, status, scale)", "broker.commands.admin:configure"),
+    (
+        "admin",
+        "operate a running cluster (init, status, scale, autoscale)",
+        "broker.commands.admin:configure",
+    ),
+    (
+        "autoscaler",
+        "run an automatic scaling controller (one leads, the others stand by)",
+        "broker.commands.autoscaler:configure",
+    ),
     (
         "up",
         "start a whole cluster on this machine (and ZooKeeper, unless --zk is given)",

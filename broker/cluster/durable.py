@@ -9,8 +9,9 @@ scale``), so that the next ``silbo up`` starts the cluster as it was::
     {"matchers": 3, "access_points": 1, "exit_points": 1, "connection_points": 1}
 
 What a restart must not keep is what belonged to the processes of the previous run: their
-member znodes, the fronts and owners of HTTP subscriptions (ephemeral znodes of sessions the
-restored ZooKeeper still counts until they time out), the configuration naming the old
+member znodes, the fronts and owners of HTTP subscriptions and the autoscaling controllers'
+election znodes (ephemeral znodes of sessions the restored ZooKeeper still counts until
+they time out), the configuration naming the old
 matchers and a scale plan interrupted by the stop. :func:`clear_previous_run` removes them
 before the new processes start, so the new fronts adopt every subscription at once.
 
@@ -56,7 +57,7 @@ _LAYER_OF_ROLE = {
     "context-store": "context_stores",
 }
 # Where the processes of a run leave ephemeral znodes (relative to the cluster's chroot).
-_EPHEMERAL_PARENTS = ("/ngsi/owners", "/ngsi/fronts", "/stores")
+_EPHEMERAL_PARENTS = ("/ngsi/owners", "/ngsi/fronts", "/stores", "/autoscale/leader")
 _MEMBERS = "/members"
 _SCALE = "/scale"
 

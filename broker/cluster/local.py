@@ -137,6 +137,10 @@ class ClusterSpec:
     # --max-rate of every process of a layer: (role value, items a second), capacity emulation
     max_rates: tuple[tuple[str, float], ...] = ()
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
+    # ``silbo autoscaler`` processes started once the cluster is formed (one leads, the others
+    # stand by; 0: none) and their --interval (broker.autoscale.controller)
+    autoscalers: int = 0
+    autoscale_interval: float = 2.0
     peer_hang_after: float = PEER_HANG_AFTER  # --peer-hang-after of every process (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
@@ -172,6 +176,12 @@ class ClusterSpec:
             problems.append(
                 f"--http-port {self.http_port} is not a port with room for "
                 f"{self.connection_points} connection points (0 to 65535)"
+            )
+        if self.autoscalers < 0:
+            problems.append(f"autoscalers must not be negative, not {self.autoscalers}")
+        if not self.autoscale_interval > 0:
+            problems.append(
+                f"--autoscale-interval must be seconds above 0, not {self.autoscale_interval:g}"
             )
         if self.spark_offload < 0:
             problems.append(f"--spark-offload must not be negative, not {self.spark_offload}")
@@ -366,6 +376,7 @@ class LocalCluster:
         self._zookeeper: EmbeddedZooKeeper | None = None
         self._zk_address = spec.zk or ""
         self._children: list[_Child] = []
+        self._autoscalers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self._lock_fd: int | None = None
         self._status = "new"
         self._wrote_state = False
@@ -415,6 +426,7 @@ class LocalCluster:
             self._spawn_all()
             self._write(self._describe())
             self._await_members_and_form(timeout)
+            self._spawn_autoscalers()
             self._status = "running"
             self.description = self._describe()
             self._write(self.description)
@@ -432,6 +444,8 @@ class LocalCluster:
         """
         if self._detached:
             return
+        _terminate([p.pid for p, _log in self._autoscalers if p.poll() is None], grace=5.0)
+        self._autoscalers.clear()
         for child in reversed(self._children):
             with contextlib.suppress(ProcessLookupError):
                 child.process.send_signal(signal.SIGTERM)
@@ -713,6 +727,26 @@ class LocalCluster:
                 _Child(role, process, log, _start_time(process.pid), number=number, listen=listen)
             )
 
+    def _spawn_autoscalers(self) -> None:
+        """Start ``spec.autoscalers`` controller processes (``silbo autoscaler``): they read
+        cluster.json, so they follow a cluster that runs, and outlive no stop of it."""
+        for number in range(1, self.spec.autoscalers + 1):
+            log = self.state_dir / "logs" / f"autoscaler-{number}.log"
+            command = [sys.executable, "-m", "broker.cli", "autoscaler"]
+            command += ["--state-dir", str(self.state_dir), "--log-level", self.spec.log_level]
+            command += ["--interval", f"{self.spec.autoscale_interval:g}"]
+            with _signals_held() as mask, open(log, "ab") as out:
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_ChildSetup(os.getpid(), mask, die=not self.spec.detach),
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+                self._autoscalers.append((process, log))
+
     def _await_members_and_form(self, timeout: float) -> None:
         client = self._connect()
         try:
@@ -798,6 +832,11 @@ class LocalCluster:
                 if self.spec.http_port
             ],
             "processes": processes,
+            # the autoscaling controllers (silbo autoscaler), not members of any layer
+            "autoscalers": [
+                {"pid": p.pid, "start_time": _start_time(p.pid), "log": str(log)}
+                for p, log in self._autoscalers
+            ],
         }
 
     def _write(self, description: dict[str, Any]) -> None:
@@ -900,6 +939,10 @@ def _live(description: dict[str, Any]) -> list[tuple[int, str]]:
     for entry in description.get("processes") or []:
         pid = int(entry.get("pid") or 0)
         if pid and _same_process(pid, entry.get("start_time"), "broker.cli run"):
+            found.append((pid, "process"))
+    for entry in description.get("autoscalers") or []:
+        pid = int(entry.get("pid") or 0)
+        if pid and _same_process(pid, entry.get("start_time"), "broker.cli autoscaler"):
             found.append((pid, "process"))
     zookeeper = description.get("zookeeper") or {}
     pid = int(zookeeper.get("pid") or 0)

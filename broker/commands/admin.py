@@ -4,13 +4,18 @@
     silbo admin status [--json] [--interval S] (--state-dir DIR | --zk HOST:PORT [--cluster NAME])
     silbo admin scale matchers|exit-points|access-points|connection-points|context-stores N
                       [--json] [--timeout S] (--state-dir DIR | --zk ... --cluster ...)
+    silbo admin autoscale on|off|status|set [KEY=VALUE ...] [--json] [--last N]
+                      (--state-dir DIR | --zk ... --cluster ...)
 
 ``init`` forms a cluster whose processes were started one by one (``silbo run``; compose/):
 it waits for N matchers to register and writes the first configuration. ``status`` shows
 the processes per layer, the epoch, the subscriptions each matcher holds and rates measured
 over ``--interval`` seconds (each process is asked over its Admin service), and the context
 stores: each one's state, partitions held and still missing. ``scale`` changes a layer's
-size while traffic flows (``context-stores``: broker.roles.store_scaling).
+size while traffic flows (``context-stores``: broker.roles.store_scaling). ``autoscale``
+turns automatic scaling on or off, shows it (on or off, the leading controller, the policy,
+the last decisions with their reasons and outcomes) or sets its policy's knobs (a bad key
+or value: exit 2, every problem named; docs/autoscaling.md).
 """
 
 from __future__ import annotations
@@ -20,18 +25,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from broker.cluster.local import (
-    add_processes,
-    registered_slots,
-    retire_all_but,
-    retire_processes,
-)
+from broker.autoscale.state import AutoscaleState
+from broker.cluster.operations import ROLES, ask_all, scale_to
 from broker.commands.store_scale import run_store_scale
 from broker.coordination.client import connect
 from broker.coordination.configuration import (
@@ -40,19 +38,23 @@ from broker.coordination.configuration import (
     Configuration,
 )
 from broker.coordination.coordinator import LAYERS as SCALABLE
-from broker.coordination.coordinator import ScaleOutcome, scale_layer, serving
+from broker.coordination.coordinator import ScaleOutcome
 from broker.coordination.formation import form
 from broker.coordination.membership import Member, members
-from broker.coordination.repair import repair_once
 from broker.coordination.scale import read_state
 from broker.errors import InvalidInput, SilboError
 from broker.roles.store_scaling import store_status
-from broker.runtime.options import DEFAULT_CLUSTER, Role
-from broker.runtime.token import call_metadata
+from broker.runtime.options import DEFAULT_CLUSTER
 from broker.wire import internal_pb2 as wire
-from broker.wire import internal_pb2_grpc as wire_grpc
 
-__all__ = ["cluster_address", "configure", "gather_status", "run_init", "run_status"]
+__all__ = [
+    "cluster_address",
+    "configure",
+    "gather_status",
+    "run_autoscale",
+    "run_init",
+    "run_status",
+]
 
 LAYERS = ("connection-point", "access-point", "matcher", "exit-point", "context-store")
 STORE_LAYER = "context-stores"
@@ -84,6 +86,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--json", action="store_true", help="one JSON object")
     scale.add_argument("--timeout", type=float, default=60.0, help="seconds before rolling back")
     scale.set_defaults(handler=run_scale)
+    autoscale = commands.add_parser(
+        "autoscale", help="turn automatic scaling on or off, show it, set its policy"
+    )
+    autoscale.add_argument("action", choices=("on", "off", "status", "set"), help="what to do")
+    autoscale.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE", help="set: the knobs (docs/autoscaling.md)"
+    )
+    _where(autoscale)
+    autoscale.add_argument("--json", action="store_true", help="one JSON object")
+    autoscale.add_argument("--last", type=int, default=10, help="decisions shown (default 10)")
+    autoscale.set_defaults(handler=run_autoscale)
 
 
 def _where(parser: argparse.ArgumentParser) -> None:
@@ -138,10 +151,10 @@ def run_scale(args: argparse.Namespace) -> int:
     """
     if args.layer == STORE_LAYER:
         return run_store_scale(args, cluster_address)
-    role = Role(_ROLES[args.layer])
     if args.count < 1:
         print(
-            f"silbo admin scale: error: a cluster needs at least one {role.value}", file=sys.stderr
+            f"silbo admin scale: error: a cluster needs at least one {ROLES[args.layer].value}",
+            file=sys.stderr,
         )
         return 2
     try:
@@ -152,57 +165,15 @@ def run_scale(args: argparse.Namespace) -> int:
         return 2
     local = None if args.zk else Path(args.state_dir or ".silbo")
     try:
-        repair_once(client)  # a dead member is removed first: survivors are kept
-        current = ClusterConfiguration(client).read()
-        if current is None:
-            print("silbo admin scale: error: the cluster is not formed", file=sys.stderr)
-            return 2
-        slots = {} if local is None else registered_slots(local, client, role)
-        old = serving(client, current.configuration, args.layer)
-        if role is Role.CONNECTION_POINT and slots:
-            # Every live one serves; a scale in keeps the first slots (the addresses clients
-            # were given first), whatever order they registered in (a restarted one is last).
-            old.sort(key=lambda name: slots.get(name, 1 << 30))
-        leaving: list[str] = []
-        if args.count > len(old):
-            idle = [m.name for m in members(client, role.value) if m.name not in old]
-            missing = args.count - len(old) - len(idle)
-            if missing > 0 and local is None:
-                print(
-                    f"silbo admin scale: error: {missing} more {args.layer} must be running "
-                    f"first (start them with silbo run {role.value})",
-                    file=sys.stderr,
-                )
-                return 2
-            if missing > 0 and local is not None:
-                idle += [m.name for m in add_processes(local, role, missing)]
-            new = old + idle[: args.count - len(old)]
-        else:
-            new, leaving = old[: args.count], old[args.count :]
-        outcome = scale_layer(client, args.layer, new, timeout=args.timeout)
-        if outcome.outcome == "completed" and local is not None:
-            if role is Role.CONNECTION_POINT and args.count <= len(old):
-                # and a dead one restarting (no scale saw it)
-                kept = [m for m in members(client, role.value) if m.name in new]
-                retire_all_but(local, role, kept)
-            elif leaving:
-                retire_processes(local, leaving)
+        outcome, before = scale_to(client, local, args.layer, args.count, timeout=args.timeout)
     except SilboError as exc:
         print(f"silbo admin scale: error: {exc}", file=sys.stderr)
         return 2
     finally:
         client.stop()
         client.close()
-    _print_outcome(outcome, args, len(old))
+    _print_outcome(outcome, args, before)
     return 0 if outcome.outcome == "completed" else 1
-
-
-_ROLES = {
-    "matchers": "matcher",
-    "exit-points": "exit-point",
-    "access-points": "access-point",
-    "connection-points": "connection-point",
-}
 
 
 def _print_outcome(outcome: ScaleOutcome, args: argparse.Namespace, before: int) -> None:
@@ -226,14 +197,15 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         current = ClusterConfiguration(client).read()
         scale = read_state(client)
         stores = store_status(client)
+        autoscaler = _autoscaler(AutoscaleState(client))
     finally:
         client.stop()
         client.close()
-    first = _ask_all(found)
+    first = ask_all(found)
     started = time.monotonic()
     if interval > 0:
         time.sleep(interval)
-    second = _ask_all(found) if interval > 0 else first
+    second = ask_all(found) if interval > 0 else first
     elapsed = max(time.monotonic() - started, 1e-9)
     processes = []
     for member in found:
@@ -277,6 +249,8 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
         "replicas_live": _live_replicas(configuration, found) if configuration else None,
         # the context store layer: its layout version, and each store's state (None: none)
         "store_layer": stores,
+        # automatic scaling: on or off, the leading controller (None: none runs), standbys
+        "autoscaler": autoscaler,
     }
     plan = scale.plan
     if plan is not None:
@@ -288,6 +262,74 @@ def gather_status(hosts: str, cluster: str, interval: float = 1.0) -> dict[str, 
             else f"stale plan {what}: its coordinator died; {ending}; the next scale removes it"
         )
     return status
+
+
+def _autoscaler(state: AutoscaleState) -> dict[str, Any]:
+    contenders = state.contenders()
+    return {
+        "enabled": state.enabled(),
+        "leader": contenders[0] if contenders else None,
+        "standby": contenders[1:],
+    }
+
+
+def _autoscaler_line(autoscaler: dict[str, Any]) -> str:
+    """``on, leader host:4242 (1 standby)``, or ``off, no controller running``."""
+    state = "on" if autoscaler["enabled"] else "off"
+    if autoscaler["leader"] is None:
+        return f"{state}, no controller running (silbo autoscaler, or silbo up --autoscale)"
+    return f"{state}, leader {autoscaler['leader']} ({len(autoscaler['standby'])} standby)"
+
+
+def run_autoscale(args: argparse.Namespace) -> int:
+    """``autoscale on|off|status|set KEY=VALUE...``: exit 0, or 2 for a bad request."""
+    if args.action == "set" and not args.settings:
+        print("silbo admin autoscale: error: set needs KEY=VALUE settings", file=sys.stderr)
+        return 2
+    if args.action != "set" and args.settings:
+        print(
+            f"silbo admin autoscale: error: {args.action} takes no settings (use set)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        hosts, cluster = cluster_address(args)
+        client = connect(hosts, cluster=cluster, timeout=10.0)
+        try:
+            state = AutoscaleState(client)
+            if args.action in ("on", "off"):
+                state.set_enabled(args.action == "on")
+            elif args.action == "set":
+                state.update_policy(args.settings)
+            shown = _autoscaler(state) | {
+                "cluster": cluster,
+                "policy": state.policy().settings(),
+                "decisions": state.decisions(max(0, args.last)),
+            }
+        finally:
+            client.stop()
+            client.close()
+    except SilboError as exc:
+        print(f"silbo admin autoscale: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(shown, indent=2, sort_keys=True))
+        return 0
+    print(f"autoscaling of {cluster}: {_autoscaler_line(shown)}")
+    print("policy: " + " ".join(f"{k}={v}" for k, v in shown["policy"].items()))
+    if args.action in ("status",):
+        print("decisions:" if shown["decisions"] else "decisions: none yet")
+        for entry in shown["decisions"]:
+            print("  " + _decision_line(entry))
+    return 0
+
+
+def _decision_line(entry: dict[str, Any]) -> str:
+    """``12:04:31 access-points scale-out 1 -> 2: completed: ... (why: ...)``."""
+    when = time.strftime("%H:%M:%S", time.localtime(float(entry.get("t") or 0.0)))
+    outcome = entry.get("outcome") or "in flight"
+    what = f"{entry.get('layer')} {entry.get('kind')} {entry.get('from')} -> {entry.get('to')}"
+    return f"{when} {what}: {outcome}\n    why: {entry.get('reason')}"
 
 
 def _load_of(load: wire.Load) -> dict[str, Any]:
@@ -321,24 +363,6 @@ def _unregistered(configuration: Configuration, found: Sequence[Member]) -> list
     return [name for name in named if name not in live]
 
 
-def _ask_all(found: Sequence[Member]) -> dict[str, wire.ProcessStatus]:
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        answers = list(pool.map(_ask, found))
-    return {m.name: a for m, a in zip(found, answers, strict=True) if a is not None}
-
-
-def _ask(member: Member) -> wire.ProcessStatus | None:
-    try:
-        with grpc.insecure_channel(member.address) as channel:
-            stub = wire_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
-            status: wire.ProcessStatus = stub.Status(
-                wire.StatusRequest(), timeout=2.0, metadata=call_metadata()
-            )
-            return status
-    except grpc.RpcError:
-        return None
-
-
 def run_status(args: argparse.Namespace) -> int:
     """Print the cluster's status (a table, or JSON)."""
     try:
@@ -359,6 +383,7 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"replicas: {status['replicas']}, live {status['replicas_live']}{note}")
     if status.get("scale"):
         print(f"scale: {status['scale']}")
+    print(f"autoscaler: {_autoscaler_line(status['autoscaler'])}")
     if status["dead"]:
         print(f"dead, not yet repaired: {', '.join(status['dead'])}")
     if status["failed"]:

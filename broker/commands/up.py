@@ -7,6 +7,7 @@
         [--zk HOST:PORT] [--cluster NAME] [--state-dir .silbo]
         [--detach] [--hang-after 1.25] [--log-level INFO] [--timeout 60]
         [--max-rate LAYER=N ...]     (capacity emulation: docs/autoscaling.md)
+        [--autoscale [--autoscale-interval 2]]   (automatic scaling: docs/autoscaling.md)
 
 Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
 STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
@@ -24,6 +25,9 @@ down`` and ``silbo admin status --state-dir`` read).
   (broker.cluster.liveness); the processes' own probe (the elected repairer's,
   broker.runtime.liveness) declares a silent one dead after 8 times as long too.
   ``--hang-after 0`` turns both off.
+  With ``--autoscale`` it also starts two autoscaling controllers (``silbo autoscaler``,
+  logs ``autoscaler-N.log``): one leads and scales the layers with their load, the other
+  stands by. A controller that dies is not restarted (the other leads on).
   If the supervisor itself is killed (even by SIGKILL), its children die with it (a
   parent-death signal).
 - With ``--detach`` it starts the same command without ``--detach`` as a daemon (its own
@@ -198,6 +202,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "second, to emulate processes of that capacity (repeatable; docs/autoscaling.md)",
     )
     parser.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="start two autoscaling controllers (one leads, one stands by): every layer but "
+        "the context stores is scaled with its load (docs/autoscaling.md; silbo admin "
+        "autoscale on|off|status|set)",
+    )
+    parser.add_argument(
+        "--autoscale-interval",
+        type=float,
+        default=2.0,
+        help="seconds between two observations of the layers by the autoscaler (default 2)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to wait for every process to register"
     )
     parser.set_defaults(handler=run)
@@ -255,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
             cors_max_age=args.cors_max_age,
             spark_offload=args.spark_offload,
             replicas=args.replicas,
+            autoscalers=2 if args.autoscale else 0,
+            autoscale_interval=args.autoscale_interval,
             peer_hang_after=max(PEER_HANG_AFTER, 8 * args.hang_after) if args.hang_after else 0,
             zk=args.zk,
             cluster=args.cluster,
@@ -384,6 +403,14 @@ def _summary(description: dict[str, Any], *, detached: bool) -> None:
         *(
             [f"  NGSI v2:    http://{', http://'.join(description['http_endpoints'])}"]
             if description.get("http_endpoints")
+            else []
+        ),
+        *(
+            [
+                f"  autoscale:  {len(description['autoscalers'])} controllers (silbo admin "
+                f"autoscale status --state-dir {state_dir})"
+            ]
+            if description.get("autoscalers")
             else []
         ),
         f"  state dir:  {state_dir} (logs in {state_dir}/logs)",
