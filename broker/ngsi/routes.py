@@ -11,10 +11,12 @@ are read from and written to their context providers (broker.ngsi.forwarding).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
@@ -116,6 +118,7 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         ("GET", "/statistics", routes.statistics),
         ("DELETE", "/statistics", routes.reset_statistics),
         ("GET", "/v2", routes.entry_points),
+        ("GET", "/v2/openapi.json", routes.openapi),
         ("POST", "/v2/entities", routes.create_entity),
         ("POST", _ENTITY + "/attrs", routes.append_attributes),
         ("PATCH", _ENTITY + "/attrs", routes.update_attributes),
@@ -142,6 +145,13 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         app.router.add_route(method, path + "/", handler)
     app.router.add_routes(Reads(routes.reader, routes.forwarder).routes())
     app.on_cleanup.append(routes.close)
+
+
+@functools.cache
+def _openapi() -> bytes:
+    """The description ``GET /v2/openapi.json`` serves (scripts/gen_openapi_json.py writes it
+    from docs/openapi.yaml), read once."""
+    return (resources.files("broker.ngsi") / "openapi.json").read_bytes()
 
 
 def _uptime(seconds: int) -> str:
@@ -209,6 +219,10 @@ class _Routes:
                 "registrations_url": "/v2/registrations",
             }
         )
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This API's OpenAPI description (docs/openapi.yaml, shipped as JSON)."""
+        return web.Response(body=_openapi(), content_type="application/json")
 
     # -- updates -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ same node id, which pytest-xdist then runs once and reports once.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import subprocess
 import sys
@@ -47,6 +48,7 @@ from broker.ngsi.routes import add_routes
 from ngsi.conftest import Front
 
 DESCRIPTION = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+SERVED = Path("broker") / "ngsi" / "openapi.json"
 REQUEST_TIMEOUT = 30.0  # seconds: an answer that takes longer is a hang
 # 501 is the documented answer of what Silbo does not serve; status_code_conformance checks
 # that it comes only where it is documented
@@ -138,6 +140,13 @@ def known(front: Front) -> dict[str, str]:
 
 def test_the_description_is_valid_openapi() -> None:
     _schema().validate()
+
+
+def test_the_served_json_is_the_description() -> None:
+    """broker/ngsi/openapi.json (what GET /v2/openapi.json serves) is docs/openapi.yaml
+    (run scripts/gen_openapi_json.py after changing the description)."""
+    served = json.loads((Path(__file__).resolve().parents[2] / SERVED).read_text())
+    assert served == yaml.safe_load(DESCRIPTION.read_text()), "run scripts/gen_openapi_json.py"
 
 
 def test_the_description_lists_exactly_the_routes_served() -> None:
