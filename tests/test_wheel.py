@@ -65,6 +65,7 @@ def test_the_wheel_holds_every_runtime_file(wheel: Path) -> None:
     for needed in (
         "broker/py.typed",
         "broker/wire/client_pb2.pyi",
+        "broker/ngsi/openapi.json",  # GET /v2/openapi.json
         "spark_matcher/log4j2.properties",
         f"silbo-{broker.__version__}.dist-info/licenses/LICENSE",
     ):
