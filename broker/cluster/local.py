@@ -72,7 +72,7 @@ from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, sto
 from broker.coordination.errors import ConfigurationConflict, translated
 from broker.coordination.membership import Member, members
 from broker.errors import AddressInUse, InvalidInput, SilboError
-from broker.ngsi.cors import DEFAULT_MAX_AGE, cors_problems
+from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
 from broker.runtime.options import (
@@ -393,6 +393,10 @@ class LocalCluster:
         """Whether cluster.json says "running" (start has done its work, or nearly)."""
         return self._status == "running"
 
+    # Whether start() got as far as "running", even if a signal then cut it short (and it
+    # stopped everything): whoever watched cluster.json may have stopped a cluster that was up.
+    reached_running = False
+
     @property
     def endpoints(self) -> list[str]:
         """The connection points' addresses (what clients connect to)."""
@@ -428,6 +432,7 @@ class LocalCluster:
             self._await_members_and_form(timeout)
             self._spawn_autoscalers()
             self._status = "running"
+            self.reached_running = True
             self.description = self._describe()
             self._write(self.description)
             write_layout(self.state_dir, layout_of(self.description["processes"]))

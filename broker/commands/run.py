@@ -18,20 +18,16 @@ port in use, bad options) are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
 
 from broker.errors import SilboError
-from broker.ngsi import AllowList
-from broker.ngsi.cors import ALL_ORIGINS, DEFAULT_MAX_AGE
+from broker.ngsi.allow import AllowList
+from broker.ngsi.cors_options import ALL_ORIGINS, DEFAULT_MAX_AGE
 from broker.ngsi.retry import DEFAULT_WINDOW
-from broker.roles.access_point import AccessPoint
-from broker.roles.connection_point import ConnectionPoint
-from broker.roles.context_store import ContextStore
-from broker.roles.exit_point import ExitPoint
-from broker.roles.matcher import Matcher
 from broker.runtime.options import (
     DEFAULT_CLUSTER,
     PEER_HANG_AFTER,
@@ -45,13 +41,22 @@ from broker.store.engine import DEFAULT_ENGINE, ENGINES
 
 __all__ = ["ROLES", "configure", "run"]
 
-ROLES: dict[Role, Callable[[], RoleService]] = {
-    Role.CONNECTION_POINT: ConnectionPoint,
-    Role.ACCESS_POINT: AccessPoint,
-    Role.MATCHER: Matcher,
-    Role.EXIT_POINT: ExitPoint,
-    Role.CONTEXT_STORE: ContextStore,
+# each role's module and class, imported only by the process that runs it (a matcher need
+# not import the HTTP front and aiohttp: a third of its start-up)
+ROLES: dict[Role, tuple[str, str]] = {
+    Role.CONNECTION_POINT: ("broker.roles.connection_point", "ConnectionPoint"),
+    Role.ACCESS_POINT: ("broker.roles.access_point", "AccessPoint"),
+    Role.MATCHER: ("broker.roles.matcher", "Matcher"),
+    Role.EXIT_POINT: ("broker.roles.exit_point", "ExitPoint"),
+    Role.CONTEXT_STORE: ("broker.roles.context_store", "ContextStore"),
 }
+
+
+def role_class(role: Role) -> Callable[[], RoleService]:
+    """The class of ``role``'s service, its module imported now."""
+    module, name = ROLES[role]
+    found: Callable[[], RoleService] = getattr(importlib.import_module(module), name)
+    return found
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -260,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
             max_rate=args.max_rate,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts
-        return run_process(options, ROLES[options.role])
+        return run_process(options, role_class(options.role))
     except SilboError as exc:
         print(f"silbo run {args.role}: error: {exc}", file=sys.stderr)
         return 2

@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         except Stopped as stop:
             # Once cluster.json says running, whoever watches it may already stop us: that
             # is a stop of a cluster that is up, even if start() had not quite returned.
-            if serving or cluster.running:
+            if serving or cluster.reached_running:
                 print(f"silbo up: {stop}: stopping the cluster", file=sys.stderr)
                 return 0
             print(f"silbo up: {stop} while starting: stopping everything", file=sys.stderr)

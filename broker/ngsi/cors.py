@@ -24,6 +24,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_urldispatcher import MatchInfoError
 
+from broker.ngsi.cors_options import ALL_ORIGINS, DEFAULT_MAX_AGE, cors_problems
+
 __all__ = [
     "ALLOW_HEADERS",
     "ALL_ORIGINS",
@@ -33,8 +35,6 @@ __all__ = [
     "cors_problems",
 ]
 
-ALL_ORIGINS = "__ALL"  # Orion's value of -corsOrigin for any origin
-DEFAULT_MAX_AGE = 86_400  # seconds a browser may keep a preflight's answer (Orion's default)
 # what Orion lets a browser send and read (Orion's lib/rest/HttpHeaders.h)
 ALLOW_HEADERS = (
     "Content-Type, Fiware-Service, Fiware-Servicepath, Ngsiv2-AttrsFormat, Fiware-Correlator, "
@@ -67,21 +67,6 @@ def cors(origin: str, max_age: int = DEFAULT_MAX_AGE) -> Middleware:
         return response
 
     return middleware
-
-
-def cors_problems(origin: str, max_age: int) -> list[str]:
-    """What is wrong with ``--cors-origin`` and ``--cors-max-age`` (nothing: an empty list).
-    An origin goes out as a header value as given: one line of printable ASCII."""
-    problems = []
-    if origin and not (origin.isascii() and origin.isprintable() and origin.strip() == origin):
-        problems.append(
-            f"--cors-origin {origin!r} must be an origin (scheme://host[:port]) or __ALL"
-        )
-    if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
-        problems.append(
-            f"--cors-max-age must be a whole number of seconds, 0 or more, not {max_age}"
-        )
-    return problems
 
 
 def _preflight_methods(request: web.Request) -> str | None:

@@ -72,8 +72,10 @@ from broker.errors import (
     mapping_for,
 )
 from broker.model.identifiers import check_tenant
-from broker.ngsi import AllowList, FrontOptions, NgsiFront, add_routes
+from broker.ngsi.allow import AllowList
+from broker.ngsi.front import FrontOptions, NgsiFront
 from broker.ngsi.request import dumps
+from broker.ngsi.routes import add_routes
 from broker.roles import session_resume
 from broker.roles.store_client import StoreClient
 from broker.roles.stored_publish import through_store

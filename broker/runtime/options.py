@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from broker.addresses import parse_address
 from broker.errors import InvalidInput
-from broker.ngsi.cors import DEFAULT_MAX_AGE, cors_problems
+from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 
 # seconds a dead connection point's sessions can be resumed: its deliveries are kept that
