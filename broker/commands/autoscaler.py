@@ -17,7 +17,6 @@ described, an unreachable ZooKeeper, a bad interval), one line on stderr.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import socket
@@ -29,7 +28,7 @@ from types import FrameType
 from broker.autoscale.controller import SESSION_TIMEOUT, Autoscaler, LiveCluster, contend
 from broker.autoscale.state import AutoscaleState
 from broker.commands.admin import cluster_address
-from broker.commands.run import add_cluster_token, use_cluster_token
+from broker.commands.run import add_cluster_token, set_up_logging, use_cluster_token
 from broker.coordination.client import connect
 from broker.errors import InvalidInput, SilboError
 from broker.runtime.options import DEFAULT_CLUSTER
@@ -58,12 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Contend, and lead when elected, until stopped (module docstring)."""
     use_cluster_token(args)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kazoo").setLevel(logging.WARNING)
+    set_up_logging(args.log_level)
     try:
         if not args.interval > 0:
             raise InvalidInput(f"--interval must be seconds above 0, not {args.interval:g}")

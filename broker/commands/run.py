@@ -229,15 +229,20 @@ def use_cluster_token(args: argparse.Namespace) -> None:
         os.environ[TOKEN_ENV] = args.cluster_token
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the process until it is stopped; 0 after a clean stop, 2 on a user error."""
-    use_cluster_token(args)
+def set_up_logging(level: str) -> None:
+    """A process's log: ``level`` and up on stderr, one line each, kazoo's warnings only."""
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     logging.getLogger("kazoo").setLevel(logging.WARNING)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the process until it is stopped; 0 after a clean stop, 2 on a user error."""
+    use_cluster_token(args)
+    set_up_logging(args.log_level)
     try:
         options = ProcessOptions(
             role=Role(args.role),

@@ -388,20 +388,24 @@ class Registry:
 
     async def _call(self, result: Any) -> Any:
         """Await one of kazoo's asynchronous results on this loop."""
-        future: asyncio.Future[Any] = self._loop.create_future()
+        return await awaited(self._loop, result, CALL_TIMEOUT)
 
-        def settle(done: Any) -> None:
-            if future.done():
-                return
-            try:
-                future.set_result(done.get_nowait())
-            except Exception as exc:
-                future.set_exception(exc)
 
-        result.rawlink(lambda done: self._loop.call_soon_threadsafe(settle, done))
+async def awaited(loop: asyncio.AbstractEventLoop, result: Any, timeout: float) -> Any:
+    """Await one of kazoo's asynchronous results (``client.get_async(...)``...) on ``loop``:
+    its value, or its exception; ZooKeeperUnavailable past ``timeout`` seconds."""
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(done: Any) -> None:
+        if future.done():
+            return
         try:
-            return await asyncio.wait_for(future, CALL_TIMEOUT)
-        except TimeoutError:
-            raise ZooKeeperUnavailable(
-                f"ZooKeeper did not answer within {CALL_TIMEOUT:.0f} s"
-            ) from None
+            future.set_result(done.get_nowait())
+        except Exception as exc:
+            future.set_exception(exc)
+
+    result.rawlink(lambda done: loop.call_soon_threadsafe(settle, done))
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except TimeoutError:
+        raise ZooKeeperUnavailable(f"ZooKeeper did not answer within {timeout:.0f} s") from None

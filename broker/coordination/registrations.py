@@ -34,6 +34,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from broker.coordination.errors import CorruptCoordinationData, ZooKeeperUnavailable, translated
+from broker.coordination.http_subscriptions import awaited
 from broker.errors import NotFound
 
 __all__ = ["FORWARDING", "NO_REGISTRATION", "REGISTRATIONS", "Kept", "RegistrationStore"]
@@ -247,20 +248,4 @@ class RegistrationStore:
 
     async def _call(self, result: Any) -> Any:
         """Await one of kazoo's asynchronous results on this loop."""
-        future: asyncio.Future[Any] = self._loop.create_future()
-
-        def settle(done: Any) -> None:
-            if future.done():
-                return
-            try:
-                future.set_result(done.get_nowait())
-            except Exception as exc:
-                future.set_exception(exc)
-
-        result.rawlink(lambda done: self._loop.call_soon_threadsafe(settle, done))
-        try:
-            return await asyncio.wait_for(future, CALL_TIMEOUT)
-        except TimeoutError:
-            raise ZooKeeperUnavailable(
-                f"ZooKeeper did not answer within {CALL_TIMEOUT:.0f} s"
-            ) from None
+        return await awaited(self._loop, result, CALL_TIMEOUT)

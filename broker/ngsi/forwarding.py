@@ -49,6 +49,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from broker.model.attribute import default_type
 from broker.ngsi.entity import Attributes
 from broker.ngsi.registrations import Registration, Registrations
 from broker.ngsi.request import auth_token_of, correlator_of, loads, tenant_of
@@ -88,19 +89,6 @@ class Forwarded:
         return bool(self.succeeded or self.failed)
 
 
-def _default_type(value: Any) -> str:
-    """Orion's type for a value sent without one."""
-    if isinstance(value, bool):
-        return "Boolean"
-    if isinstance(value, int | float):
-        return "Number"
-    if isinstance(value, str):
-        return "Text"
-    if value is None:
-        return "None"
-    return "StructuredValue"
-
-
 def _normalized(attribute: Any) -> dict[str, Any] | None:
     """A provider's attribute as the store keeps one (None if it is not one)."""
     if not isinstance(attribute, dict) or "value" not in attribute:
@@ -109,7 +97,7 @@ def _normalized(attribute: Any) -> dict[str, Any] | None:
     kind = attribute.get("type")
     metadata = attribute.get("metadata")
     return {
-        "type": kind if isinstance(kind, str) and kind else _default_type(value),
+        "type": kind if isinstance(kind, str) and kind else default_type(value),
         "value": value,
         "metadata": metadata if isinstance(metadata, dict) else {},
     }
@@ -176,13 +164,13 @@ def _legacy_attribute(name: str, attribute: dict[str, Any]) -> dict[str, Any]:
     value = attribute.get("value")
     out: dict[str, Any] = {
         "name": name,
-        "type": attribute.get("type") or _default_type(value),
+        "type": attribute.get("type") or default_type(value),
         "value": value,
     }
     metadata = attribute.get("metadata") or {}
     if metadata:
         out["metadatas"] = [
-            {"name": k, "type": m.get("type") or _default_type(m.get("value")),
+            {"name": k, "type": m.get("type") or default_type(m.get("value")),
              "value": m.get("value")}
             for k, m in metadata.items()
         ]  # fmt: skip
@@ -191,7 +179,7 @@ def _legacy_attribute(name: str, attribute: dict[str, Any]) -> dict[str, Any]:
 
 def _v2_attribute(attribute: dict[str, Any]) -> dict[str, Any]:
     value = attribute.get("value")
-    out: dict[str, Any] = {"type": attribute.get("type") or _default_type(value), "value": value}
+    out: dict[str, Any] = {"type": attribute.get("type") or default_type(value), "value": value}
     if attribute.get("metadata"):
         out["metadata"] = attribute["metadata"]
     return out
