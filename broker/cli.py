@@ -22,6 +22,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench storage             broker.bench.storage
     silbo bench context             broker.bench.context
     silbo bench store-scale         broker.bench.store_scale
+    silbo bench autoscale           broker.bench.autoscale
 """
 
 from __future__ import annotations
@@ -143,6 +144,11 @@ _BENCHMARKS: tuple[tuple[str, str, str], ...] = (
         "store-scale",
         "the context store layer scaled under writes and reads, checked by an oracle",
         "broker.bench.store_scale:configure",
+    ),
+    (
+        "autoscale",
+        "the autoscaling controller under a load profile, with a capped layer and an oracle",
+        "broker.bench.autoscale:configure",
     ),
 )
 

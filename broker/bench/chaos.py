@@ -113,7 +113,7 @@ from broker.model.update import ContextUpdate
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
 
-__all__ = ["configure", "run"]
+__all__ = ["configure", "run", "tally"]
 
 FAULTS = (
     "matcher",
@@ -678,10 +678,8 @@ class _Run:
             for subscription_id in matched:
                 expected[subscription_id, sequence] += 1
         got = Counter((s, q) for s, q, _t in self.arrivals)
-        extra = got - expected
-        repeated = Counter({k: n - 1 for k, n in got.items() if n > 1 and k in expected})
+        lost, repeated, extra = tally(expected, got)
         duplicated = repeated.total()
-        lost = expected - got
         http_expected: Counter[tuple[str, int]] = Counter()
         for sequence, update in enumerate(self.sent, start=1):
             if update.entity_type != IOT_TYPE:
@@ -705,7 +703,7 @@ class _Run:
             "delivered": got.total(),
             "lost": lost.total(),
             "duplicated": duplicated,
-            "unexpected": extra.total() - duplicated,
+            "unexpected": extra.total(),
             # when the updates whose notifications were lost had been published (second: count)
             "lost_by_second": self._by_second(lost),
             # when the updates notified twice had been published; the first few of them
@@ -733,6 +731,18 @@ class _Run:
             "delivered_per_second": per_second.tolist(),
             "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
         }
+
+
+def tally(
+    expected: Counter[Any], got: Counter[Any]
+) -> tuple[Counter[Any], Counter[Any], Counter[Any]]:
+    """The oracle's verdict on deliveries keyed alike (e.g. subscription and sequence): what
+    was lost (expected, not delivered), what was delivered more than once (the copies beyond
+    the first, of expected keys) and what was unexpected (delivered, not expected, copies of
+    such keys included)."""
+    repeated = Counter({k: n - 1 for k, n in got.items() if n > 1 and k in expected})
+    unexpected = got - expected - repeated
+    return expected - got, repeated, unexpected
 
 
 def _print(summary: dict[str, Any]) -> None:

@@ -13,9 +13,13 @@ Delivering a batch merges the partials' subscription handles per update, routes 
 connection point (the top bits of the handle) and sends one ``Deliveries`` message to each
 connection point concerned.
 
-Load (broker.runtime.load): the items in are the updates of the batches delivered (once
-each, however many matchers reported them), the items out the notifications sent on; a batch
-is busy while it waits for ``--max-rate`` tokens and while its partials are merged and its
+Load (broker.runtime.load): the items in are the updates of the batches this exit point
+gathers (its publishers' batches: it is their ``completer``; once each, however many matchers
+reported them), the items out the notifications sent on. Every exit point also receives the
+(empty) partials of the other exit points' batches, to keep each access point's order: their
+handling counts as busy time but not as items, nor against ``--max-rate``, so ``k`` capped
+exit points serve ``k`` times the cap when the publishers spread over them. A batch is busy
+while it waits for ``--max-rate`` tokens and while its partials are merged and its
 deliveries serialized, not while a full link to a connection point holds it back.
 
 Markers from the matchers (docs/protocol.md):
@@ -252,6 +256,8 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 del line[head.first_seq]
                 self._next[access_point] = head.last_seq + 1
                 updates = head.last_seq - head.first_seq + 1
+                if head.completer and head.completer != self._ctx().member.sequence:
+                    updates = 0  # another exit point's batch: only its order passes here
                 await load.admit(updates)
                 with load.working(updates):
                     await self._deliver(head)
