@@ -87,7 +87,7 @@ from kazoo.client import KazooClient
 from broker.autoscale.model import Decision, Kind, oscillations
 from broker.autoscale.policy import LAYERS, Policy
 from broker.autoscale.state import AutoscaleState
-from broker.bench.chaos import tally
+from broker.bench.chaos import foreground_up, tally
 from broker.bench.workloads.iot import IOT_TENANT, IOT_TYPE, iot_updates
 from broker.client import Client
 from broker.coordination.client import connect
@@ -309,27 +309,13 @@ class _Run:
     # -- the cluster ------------------------------------------------------------------------
 
     def _up(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
+        command = ["--state-dir", str(self.state)]
         command += ["--grpc-port", "0", "--log-level", "WARNING", "--replicas", "1"]
         for layer in LAYERS:
             command += [f"--{layer}", "1"]
         command += ["--max-rate", f"{ROLE}={self.args.cap:g}"]
         command += ["--autoscale", "--autoscale-interval", "1"]
-        self.state.mkdir(parents=True)
-        err = open(self.state.parent / "up.err", "wb")  # noqa: SIM115 (lives with the process)
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SilboError((self.state.parent / "up.err").read_text())
-            try:
-                if self._description().get("status") == "running":
-                    return process
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
-        process.kill()
-        raise SilboError("silbo up did not start within 120 s")
+        return foreground_up(self.state, command)
 
     def _description(self) -> dict[str, Any]:
         found: dict[str, Any] = json.loads((self.state / "cluster.json").read_text())

@@ -98,7 +98,7 @@ from broker.bench.chaos_store import (
 )
 from broker.bench.workloads.iot import IOT_TENANT, IOT_TYPE, iot_subscriptions, iot_updates
 from broker.client import Client
-from broker.cluster.local import store_id_of
+from broker.cluster.local import read_cluster, store_id_of
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.http_subscriptions import OWNERS
@@ -293,28 +293,14 @@ class _Run:
     # -- the cluster --------------------------------------------------------------------
 
     def _up(self) -> subprocess.Popen[bytes]:
-        command = [sys.executable, "-m", "broker.cli", "up", "--state-dir", str(self.state)]
+        command = ["--state-dir", str(self.state)]
         # fixed ports: a connection point restarted (fenced after its session expired) is
         # found again where the clients and the writer left it
         command += ["--grpc-port", str(_free_port()), "--log-level", _LOG_LEVEL]
         command += ["--http-port", str(self.http_port)]
         for layer, size in SIZES.items():
             command += [f"--{layer}", str(size)]
-        self.state.mkdir(parents=True)
-        err = open(self.state.parent / "up.err", "wb")  # noqa: SIM115 (lives with the process)
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SilboError((self.state.parent / "up.err").read_text())
-            try:
-                if self._description().get("status") == "running":
-                    return process
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
-        process.kill()
-        raise SilboError("silbo up did not start within 120 s")
+        return foreground_up(self.state, command)
 
     def _description(self) -> dict[str, Any]:
         found: dict[str, Any] = json.loads((self.state / "cluster.json").read_text())
@@ -731,6 +717,25 @@ class _Run:
             "delivered_per_second": per_second.tolist(),
             "command": "silbo bench chaos " + " ".join(sys.argv[3:]),
         }
+
+
+def foreground_up(state: Path, options: list[str]) -> subprocess.Popen[bytes]:
+    """``silbo up OPTIONS`` in the foreground (its stderr in ``state``'s parent, up.err), once
+    its cluster.json says running (SilboError if it exits first or takes over 120 s)."""
+    state.mkdir(parents=True)
+    command = [sys.executable, "-m", "broker.cli", "up", *options]
+    err = open(state.parent / "up.err", "wb")  # noqa: SIM115 (lives with the process)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SilboError((state.parent / "up.err").read_text())
+        description = read_cluster(state)
+        if description is not None and description.get("status") == "running":
+            return process
+        time.sleep(0.1)
+    process.kill()
+    raise SilboError("silbo up did not start within 120 s")
 
 
 def tally(

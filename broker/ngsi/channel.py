@@ -35,6 +35,8 @@ __all__ = [
     "MAX_TIMEOUT_MS",
     "Channel",
     "Mqtt",
+    "checked_object",
+    "checked_text",
     "parse_channel",
 ]
 
@@ -124,7 +126,8 @@ class Channel:
         return out
 
 
-def _object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
+def checked_object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
+    """``value`` if it is a JSON object of ``keys`` only (InvalidSubscription otherwise)."""
     if not isinstance(value, dict):
         raise InvalidSubscription(f"{what} must be a JSON object")
     unknown = set(value) - keys
@@ -133,7 +136,8 @@ def _object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
     return value
 
 
-def _text(value: Any, what: str) -> str:
+def checked_text(value: Any, what: str) -> str:
+    """``value`` if it is a string (InvalidSubscription otherwise)."""
     if not isinstance(value, str):
         raise InvalidSubscription(f"{what} must be a string")
     return value
@@ -153,19 +157,19 @@ def parse_channel(notification: dict[str, Any], allow: AllowList) -> Channel:
     if kind in ("mqtt", "mqttCustom"):
         return _mqtt(notification[kind], kind, allow)
     if kind == "http":
-        http = _object(notification["http"], "notification.http", _HTTP)
-        url = _text(http.get("url"), "notification.http.url")
+        http = checked_object(notification["http"], "notification.http", _HTTP)
+        url = checked_text(http.get("url"), "notification.http.url")
         allow.check_url(url, "notification.http.url")
         return Channel(False, url, _timeout(http.get("timeout"), "notification.http.timeout"))
     return _http_custom(notification["httpCustom"], allow)
 
 
 def _http_custom(value: Any, allow: AllowList) -> Channel:
-    custom = _object(value, "notification.httpCustom", _CUSTOM)
-    url = _text(custom.get("url"), "notification.httpCustom.url")
+    custom = checked_object(value, "notification.httpCustom", _CUSTOM)
+    url = checked_text(custom.get("url"), "notification.httpCustom.url")
     _url_template(url, "notification.httpCustom.url")
     allow.check_url(url, "notification.httpCustom.url")
-    method = _text(custom.get("method", "POST"), "notification.httpCustom.method").upper()
+    method = checked_text(custom.get("method", "POST"), "notification.httpCustom.method").upper()
     if method not in _METHODS:
         raise InvalidSubscription(f"notification.httpCustom.method {method!r} is not a method")
     headers = _headers(custom.get("headers"), "notification.httpCustom.headers")
@@ -188,15 +192,15 @@ def _http_custom(value: Any, allow: AllowList) -> Channel:
 def _mqtt(value: Any, kind: str, allow: AllowList) -> Channel:
     """An ``mqtt`` or ``mqttCustom`` channel (Orion's checks and words)."""
     custom = kind == "mqttCustom"
-    fields = _object(value, f"notification.{kind}", _MQTT_CUSTOM if custom else _MQTT)
+    fields = checked_object(value, f"notification.{kind}", _MQTT_CUSTOM if custom else _MQTT)
     what = f"notification.{kind}"
     if "url" not in fields:
         raise InvalidSubscription(f"{what}: mandatory mqtt field /url/")
-    url = _text(fields["url"], f"{what}.url")
+    url = checked_text(fields["url"], f"{what}.url")
     _mqtt_url(url, f"{what}.url", allow)
     if "topic" not in fields:
         raise InvalidSubscription(f"{what}: mandatory mqtt field /topic/")
-    topic = _text(fields["topic"], f"{what}.topic")
+    topic = checked_text(fields["topic"], f"{what}.topic")
     if not topic:
         raise InvalidSubscription(f"{what}: empty mqtt field /topic/")
     if "+" in topic or "#" in topic:
@@ -213,8 +217,8 @@ def _mqtt(value: Any, kind: str, allow: AllowList) -> Channel:
     if (user is None) != (passwd is None):
         raise InvalidSubscription(f"{what}: you must use user and passwd fields simultaneously")
     if user is not None:
-        _text(user, f"{what}.user")
-        _text(passwd, f"{what}.passwd")
+        checked_text(user, f"{what}.user")
+        checked_text(passwd, f"{what}.passwd")
     body = _body(fields, kind) if custom else None
     mqtt = Mqtt(topic, int(qos), retain, user, passwd)
     return Channel(custom, url, DEFAULT_TIMEOUT_MS / 1000, body=body, mqtt=mqtt)
@@ -299,7 +303,7 @@ def _body(custom: dict[str, Any], kind: str) -> tuple[str, Any] | None:
     what = f"notification.{kind}.{body}"
     if body == "payload":
         if value is not None:
-            compile_text(_text(value, what), what)
+            compile_text(checked_text(value, what), what)
     elif body == "json":
         compile_json(value, what)
     else:

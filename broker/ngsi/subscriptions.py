@@ -41,7 +41,7 @@ from broker.model.subscription import (
 )
 from broker.ngsi.allow import AllowList
 from broker.ngsi.change import Alteration
-from broker.ngsi.channel import CHANNELS, Channel, parse_channel
+from broker.ngsi.channel import CHANNELS, Channel, checked_object, checked_text, parse_channel
 from broker.ngsi.errors import NotServed
 from broker.ngsi.retry import window_problem
 from broker.store.geo import GeoFilter, parse_geo
@@ -95,15 +95,6 @@ def iso(epoch: float) -> str:
     return f"{moment.year:04d}-{moment:%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d}Z"
 
 
-def _object(value: Any, what: str, keys: frozenset[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidSubscription(f"{what} must be a JSON object")
-    unknown = set(value) - keys
-    if unknown:
-        raise InvalidSubscription(f"{what}: unrecognized field {sorted(unknown)[0]!r}")
-    return value
-
-
 def _strings(value: Any, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise InvalidSubscription(f"{what} must be an array of strings")
@@ -113,12 +104,6 @@ def _strings(value: Any, what: str) -> tuple[str, ...]:
 def _bool(value: Any, what: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidSubscription(f"{what} must be true or false")
-    return value
-
-
-def _text(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidSubscription(f"{what} must be a string")
     return value
 
 
@@ -165,9 +150,9 @@ def _selectors(entities: Any) -> tuple[EntitySelector, ...]:
         raise InvalidSubscription("subject.entities must be a non-empty array")
     selectors = []
     for i, item in enumerate(entities):
-        item = _object(item, f"subject.entities[{i}]", _SELECTOR)
+        item = checked_object(item, f"subject.entities[{i}]", _SELECTOR)
         for key, value in item.items():
-            _text(value, f"subject.entities[{i}].{key}")
+            checked_text(value, f"subject.entities[{i}].{key}")
         selectors.append(
             EntitySelector(
                 id=item.get("id"),
@@ -185,7 +170,7 @@ Condition = tuple[tuple[str, ...], str, str, tuple[Alteration, ...], bool, GeoFi
 def _condition(value: Any) -> Condition:
     if value is None:
         return (), "", "", _DEFAULT_ALTERATIONS, True, None
-    condition = _object(value, "subject.condition", _CONDITION)
+    condition = checked_object(value, "subject.condition", _CONDITION)
     if not condition:
         raise InvalidSubscription("subject.condition must not be empty")
     if "jexlExpression" in condition:
@@ -196,9 +181,11 @@ def _condition(value: Any) -> Condition:
     q = mq = ""
     geo = None
     if "expression" in condition:
-        expression = _object(condition["expression"], "subject.condition.expression", _EXPRESSION)
+        expression = checked_object(
+            condition["expression"], "subject.condition.expression", _EXPRESSION
+        )
         q, mq, georel, geometry, coords = (
-            _text(expression.get(k, ""), f"subject.condition.expression.{k}")
+            checked_text(expression.get(k, ""), f"subject.condition.expression.{k}")
             for k in ("q", "mq", "georel", "geometry", "coords")
         )
         geo = parse_geo(georel or None, geometry or None, coords or None)
@@ -218,21 +205,21 @@ def _condition(value: Any) -> Condition:
 
 def parse_document(body: Any, allow: AllowList) -> Parsed:
     """Validate a whole subscription document (InvalidInput or NotServed otherwise)."""
-    document = _object(body, "the subscription", _TOP | _READ_ONLY)
+    document = checked_object(body, "the subscription", _TOP | _READ_ONLY)
     document = {k: v for k, v in document.items() if k not in _READ_ONLY}
-    description = _text(document.get("description", ""), "description")
+    description = checked_text(document.get("description", ""), "description")
     if len(description) > MAX_DESCRIPTION_LENGTH:
         raise InvalidSubscription(f"description is longer than {MAX_DESCRIPTION_LENGTH} characters")
     if "subject" not in document:
         raise InvalidSubscription("subject is missing")
-    subject = _object(document["subject"], "subject", _SUBJECT)
+    subject = checked_object(document["subject"], "subject", _SUBJECT)
     if "entities" not in subject:
         raise InvalidSubscription("subject.entities is missing")
     selectors = _selectors(subject["entities"])
     condition_attrs, q, mq, alterations, on_metadata, geo = _condition(subject.get("condition"))
     if "notification" not in document:
         raise InvalidSubscription("notification is missing")
-    notification = _object(
+    notification = checked_object(
         document["notification"], "notification", _NOTIFICATION | _NOTIFICATION_READ_ONLY
     )
     channel = parse_channel(notification, allow)
@@ -241,7 +228,9 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     if "attrs" in notification and "exceptAttrs" in notification:
         raise InvalidSubscription("notification takes attrs or exceptAttrs, not both")
     formats = {f.value: f for f in AttrsFormat}
-    format_name = _text(notification.get("attrsFormat", "normalized"), "notification.attrsFormat")
+    format_name = checked_text(
+        notification.get("attrsFormat", "normalized"), "notification.attrsFormat"
+    )
     if format_name not in formats:
         raise InvalidSubscription(f"notification.attrsFormat {format_name!r} is not known")
     covered = _bool(notification.get("covered", False), "notification.covered")
@@ -253,11 +242,11 @@ def parse_document(body: Any, allow: AllowList) -> Parsed:
     metadata = _strings(notification.get("metadata", []), "notification.metadata")
     expires = None
     if "expires" in document:
-        text = _text(document["expires"], "expires")
+        text = checked_text(document["expires"], "expires")
         expires = parse_iso8601(text)
         if expires is None:
             raise InvalidSubscription(f"expires {text!r} is not an ISO 8601 date")
-    status = _text(document.get("status", "active"), "status")
+    status = checked_text(document.get("status", "active"), "status")
     if status not in ("active", "inactive", "oneshot"):
         raise InvalidSubscription(f"status {status!r} must be active, inactive or oneshot")
     throttling = document.get("throttling", 0)
