@@ -377,8 +377,10 @@ class Client:
         return self._send_request(request)
 
     def _send_request(self, request: pb.PublishRequest) -> Future[int]:
-        if not self._window.acquire(timeout=self._timeout):
-            raise Unavailable(f"no publish acknowledgement within {self._timeout:.0f} s")
+        if not self._window.acquire(blocking=False):  # the broker takes less than is offered
+            request.held_back = True
+            if not self._window.acquire(timeout=self._timeout):
+                raise Unavailable(f"no publish acknowledgement within {self._timeout:.0f} s")
         future: Future[int] = Future()
         with self._lock:
             stream = self._publisher()

@@ -160,6 +160,25 @@ def test_a_capped_process_under_backlog_is_busy_and_its_true_rate_is_its_cap() -
     assert sample.max_rate == 200
 
 
+def test_a_capped_process_below_its_cap_is_busy_for_its_share_of_the_cap() -> None:
+    clock = FakeClock()
+    load = a_load(clock, max_rate=200)
+
+    async def half_load() -> None:
+        for _ in range(100):  # 10-item batches every 0.1 s: 100 items/s, half the cap
+            started = clock.now
+            await load.admit(10)
+            with load.working(10):
+                pass
+            clock.now = started + 0.1
+
+    asyncio.run(half_load())
+    sample = load.sample()
+    assert sample.busy_fraction == pytest.approx(0.5, abs=0.02)
+    assert sample.true_rate == pytest.approx(200, rel=0.05)  # what it could serve
+    assert sample.input_rate == pytest.approx(100, rel=0.05)
+
+
 def test_an_uncapped_process_admits_at_once() -> None:
     clock = FakeClock()
     load = a_load(clock)

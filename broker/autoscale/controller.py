@@ -131,6 +131,7 @@ class _Totals:
     busy_seconds: float
     items_in: int
     items_out: int
+    items_held: int
 
 
 @dataclass(slots=True)
@@ -157,7 +158,7 @@ class Observer:
         return Observation(t, layers)
 
     def _sample(self, t: float, name: str, load: wire.Load, before: _Totals | None) -> LayerSample:
-        now = _Totals(t, load.busy_seconds, load.items_in, load.items_out)
+        now = _Totals(t, load.busy_seconds, load.items_in, load.items_out, load.items_held)
         self._last[name] = now
         elapsed = t - before.t if before is not None else 0.0
         if (
@@ -166,6 +167,7 @@ class Observer:
             or now.busy_seconds < before.busy_seconds
             or now.items_in < before.items_in
             or now.items_out < before.items_out
+            or now.items_held < before.items_held
         ):  # first seen, or restarted (its totals began again): its own recent figures
             return LayerSample(
                 busy=load.busy_fraction,
@@ -173,13 +175,16 @@ class Observer:
                 items_out=load.output_rate,
                 queue_depth=load.queue_depth,
                 queue_age_s=load.queue_age,
+                held_back=load.held_fraction,
             )
+        taken = now.items_in - before.items_in
         return LayerSample(
             busy=min(1.0, (now.busy_seconds - before.busy_seconds) / elapsed),
-            items_in=(now.items_in - before.items_in) / elapsed,
+            items_in=taken / elapsed,
             items_out=(now.items_out - before.items_out) / elapsed,
             queue_depth=load.queue_depth,
             queue_age_s=load.queue_age,
+            held_back=min(1.0, (now.items_held - before.items_held) / taken) if taken else 0.0,
         )
 
 

@@ -10,6 +10,24 @@ bottleneck that see little of the load yet. A layer needs
 *utilisation* is ``target rate / (true rate per process * processes)``: above 1 it cannot
 keep up.
 
+The pipeline's items are one unit, the update: every layer counts the updates it takes in
+and hands on (a connection point's notification deliveries are busy time, not items; a
+matcher hands on every update it matched, whatever the matches), so selectivities are rates
+of the same thing. A layer of :data:`BROADCAST` (the matchers: each matches every update
+against its share of the subscriptions) counts each item once for the layer, so its true
+rate per process times its processes is its capacity, as for the others.
+
+What DS2 cannot see here: Silbo's publishers wait for room in their publish window when the
+broker takes less than they are offered, so the rate measured at the source is what the
+bottleneck serves, not the demand. The connection points count the updates of the batches a
+client had to hold back (``LayerSample.held_back``). While at least half of the source's
+updates are held back (in any observation of the window) and no layer queues (a utilisation
+measured above ``SEEN`` shows the demand), a layer near its capacity (above the alarming
+threshold) that must grow grows to at least ``held_back_growth`` times its size; and a
+utilisation is never taken below the busy fraction (served / capacity). So a x4 step is met
+in two decisions: x2 blind, then the DS2 size once the demand shows (Kubernetes' HPA scales
+up by 100% a period by default for the same reason).
+
 When (seed 004, Mudassar et al. 2019, after Zhai and Xu's bottleneck detection). Three
 thresholds on the utilisation: above *alarming*, the processes a scale-out would add are
 started and warmed (a ``prewarm`` decision); above *scale-out*, the layer grows to what it
@@ -64,6 +82,17 @@ PIPELINE: Mapping[str, str] = {
     "matchers": "access-points",
     "exit-points": "matchers",
 }
+# Layers whose every process takes in every item: each matcher matches every update against
+# its share of the subscriptions. Their items are counted once for the layer (the processes'
+# sum / their number), so that, as on the other layers, k processes serve k times one's
+# true rate.
+BROADCAST: Collection[str] = frozenset({"matchers"})
+# a utilisation measured above this shows the demand (it queues, in an open system): it is
+# sized from it, not grown blind
+SEEN = 1.05
+# the share of the source's updates held back by their publishers above which the demand is
+# taken as unseen
+HELD = 0.5
 # processes' worth of busy time below which no true rate is measured: too little work to time
 MIN_BUSY = 0.02
 
@@ -77,6 +106,7 @@ class LayerSample:
     items_out: float  # items sent on downstream, per second
     queue_depth: int = 0  # items waiting at the end of the interval
     queue_age_s: float = 0.0  # how long the oldest waiting item had waited
+    held_back: float = 0.0  # share of the items in whose publishers had waited for room
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +169,9 @@ class Load:
     true_rate: float | None  # items/s one process serves when busy; None until measured
     utilisation: float | None  # target_rate / capacity; None if it cannot be known yet
     needed: int  # processes at the target utilisation, within min and max
+    blind: bool  # the publishers are held back and nothing queues: the demand is unseen
+    queued: bool  # more arrives at it, or at a layer feeding it, than it serves: it queues
+    held: float  # the share of its items whose publishers were held back (from the source)
     queue_depth: float
     queue_age_s: float
 
@@ -148,9 +181,10 @@ class Load:
         rate = "unmeasured" if self.true_rate is None else f"{self.true_rate:,.0f}/s"
         used = "?" if self.utilisation is None else f"{self.utilisation:.0%}"
         queue = f", queue {self.queue_depth:,.0f}" if self.queue_depth >= 1 else ""
+        full = " (publishers held back)" if self.blind else ""
         return (
             f"{layer}: input {self.target_rate:,.0f}/s{source}, true rate {rate} per process, "
-            f"utilisation {used}{queue}"
+            f"utilisation {used}{full}{queue}"
         )
 
 
@@ -163,6 +197,8 @@ class _Figures:
     arrival: float
     processed: float
     busy: float  # processes' worth
+    busy_fraction: float  # the reporting processes' mean busy fraction
+    held: float  # share of the items in whose publishers were held back
     out: float
     queue_depth: float
     queue_age_s: float
@@ -187,11 +223,18 @@ class _LayerState:
 class Controller:
     """Turns observations, fed in time order, into scale decisions (module docstring)."""
 
-    def __init__(self, policy: Policy, pipeline: Mapping[str, str] = PIPELINE) -> None:
-        """``pipeline`` maps a layer to the one feeding it; it must have no cycle."""
+    def __init__(
+        self,
+        policy: Policy,
+        pipeline: Mapping[str, str] = PIPELINE,
+        broadcast: Collection[str] = BROADCAST,
+    ) -> None:
+        """``pipeline`` maps a layer to the one feeding it; it must have no cycle.
+        ``broadcast``: the layers whose every process takes in every item."""
         policy.check()
         self.policy = policy
         self.pipeline = pipeline
+        self.broadcast = broadcast
         self.loads: dict[str, Load] = {}  # each layer's load at the last observation
         self._states = {layer: _LayerState() for layer in LAYERS}
         self._last_t = -math.inf
@@ -226,14 +269,19 @@ class Controller:
         samples = view.samples
         if not samples:
             return
+        share = 1 / len(samples) if layer in self.broadcast else 1.0
+        busy = sum(min(1.0, max(0.0, s.busy)) for s in samples)
+        taken = sum(s.items_in for s in samples)
         state.window.append(
             _Figures(
                 t=t,
                 processes=view.processes,
-                arrival=view.input_rate,
-                processed=sum(s.items_in for s in samples),
-                busy=sum(min(1.0, max(0.0, s.busy)) for s in samples),
-                out=sum(s.items_out for s in samples),
+                arrival=view.input_rate * share,
+                processed=taken * share,
+                busy=busy,
+                busy_fraction=busy / len(samples),
+                held=sum(s.items_in * s.held_back for s in samples) / taken if taken else 0.0,
+                out=sum(s.items_out for s in samples) * share,
                 queue_depth=sum(s.queue_depth for s in samples),
                 queue_age_s=max((s.queue_age_s for s in samples), default=0.0),
             )
@@ -245,30 +293,60 @@ class Controller:
             return self.loads[layer]
         state = self._states[layer]
         count = len(state.window)
-        arrival, processed, busy, out, depth, age = (
+        arrival, processed, busy, fraction, out, depth, age = (
             sum(getattr(f, name) for f in state.window) / count
-            for name in ("arrival", "processed", "busy", "out", "queue_depth", "queue_age_s")
+            for name in (
+                "arrival",
+                "processed",
+                "busy",
+                "busy_fraction",
+                "out",
+                "queue_depth",
+                "queue_age_s",
+            )
         )
+        # held back at any time in the window: a scale's refill of the publish windows (sent
+        # at once, not held) does not hide that the demand is hidden
+        held = max(f.held for f in state.window)
         if busy >= MIN_BUSY and processed > 0:
             state.true_rate = processed / busy
         if processed > 0:
             state.selectivity = out / processed
-        target, fed_by = arrival, None
+        target, fed_by, queued_upstream = arrival, None, False
         feeder = self.pipeline.get(layer)
         if feeder is not None and feeder in present:
             upstream = self._load(feeder, present)
             selectivity = self._states[feeder].selectivity
             if selectivity is not None:
                 target, fed_by = upstream.target_rate * selectivity, feeder
+                queued_upstream, held = upstream.queued, max(held, upstream.held)
         processes = state.window[-1].processes
+        utilisation = self._utilisation(target, state.true_rate, processes, busy)
+        needed = self._needed(layer, target, state.true_rate, busy)
+        # more arriving than served, here or upstream: the target rate shows the demand
+        queued = queued_upstream or (utilisation is not None and utilisation >= SEEN)
+        if state.true_rate is not None:  # served / capacity: what is offered is no less
+            utilisation = max(utilisation or 0.0, fraction)
+        blind = (
+            held >= HELD
+            and not queued
+            and utilisation is not None
+            and utilisation >= self.policy.alarming
+        )
+        if blind:
+            grown = math.ceil(processes * self.policy.held_back_growth - 1e-9)
+            needed = max(needed, self.policy.clamp(layer, grown))
         load = Load(
             processes=processes,
             arrival=arrival,
             target_rate=target,
             fed_by=fed_by,
             true_rate=state.true_rate,
-            utilisation=self._utilisation(target, state.true_rate, processes, busy),
-            needed=self._needed(layer, target, state.true_rate, busy),
+            utilisation=utilisation,
+            needed=needed,
+            blind=blind,
+            queued=queued,
+            held=held,
             queue_depth=depth,
             queue_age_s=age,
         )
@@ -323,9 +401,10 @@ class Controller:
         figures = load.describe(layer)
         if used >= policy.scale_out and load.needed > size:
             state.prewarmed, state.changed_at = None, t
+            blind = f", x{policy.held_back_growth:g} at least" if load.blind else ""
             reason = (
                 f"{figures} >= scale-out {policy.scale_out:.0%}"
-                f"{self._sizing(layer, load.needed, size)}"
+                f"{self._sizing(layer, load.needed, size)}{blind}"
             )
             return Decision(t, layer, size, load.needed, Kind.SCALE_OUT, reason)
         if used >= policy.alarming and load.needed > size and state.prewarmed is None:

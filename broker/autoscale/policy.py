@@ -6,13 +6,17 @@ problem at once in one :class:`~broker.errors.InvalidInput`. :meth:`Policy.setti
 the same keys back, to store and to show. The keys (docs/autoscaling.md explains each)::
 
     target-utilisation=0.7   alarming=0.8   scale-out=0.9   scale-in=0.5
+    held-back-growth=2
     metrics-window-s=10      stabilisation-s=300      cooldown-s=15
     LAYER.min=1              LAYER.max=16             (LAYER one of LAYERS)
 
 The thresholds are utilisations (fractions, 0 to 1) ordered
 ``0 < scale-in < target-utilisation < alarming <= scale-out <= 1``: a layer sized at the
 target sits between the scale-in and the alarming thresholds, so neither fires again after a
-decision (``alarming = scale-out`` turns pre-warming off).
+decision (``alarming = scale-out`` turns pre-warming off). A layer that must grow while its
+publishers are held back (they wait for room in their publish window, so what they are
+offered is not seen) grows to at least ``held-back-growth`` times its size (a factor, 1 or
+more; 1 turns it off).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ _FRACTIONS = {
     "scale-out": "scale_out",
     "scale-in": "scale_in",
 }
+_FACTORS = {"held-back-growth": "held_back_growth"}
 _SECONDS = {
     "metrics-window-s": "metrics_window_s",
     "stabilisation-s": "stabilisation_s",
@@ -56,6 +61,7 @@ class Policy:
     alarming: float = 0.8  # above it, processes are pre-warmed (seed 004's alarming_threshold)
     scale_out: float = 0.9  # above it, the layer grows (seed 004's scale_out_threshold)
     scale_in: float = 0.5  # below it for stabilisation_s, the layer gives capacity back
+    held_back_growth: float = 2.0  # a layer growing blind grows at least this many times
     metrics_window_s: float = 10.0  # the figures are averaged over this many seconds
     stabilisation_s: float = 300.0  # a need must stay low this long before a scale-in
     cooldown_s: float = 15.0  # no decision on a layer this long after it was scaled
@@ -74,9 +80,11 @@ class Policy:
             if not sep or not key:
                 problems.append(f"{assignment!r} is not KEY=VALUE")
             elif key in _FRACTIONS:
-                changes[_FRACTIONS[key]] = _number(key, text, problems, fraction=True)
+                changes[_FRACTIONS[key]] = _number(key, text, problems, "fraction")
             elif key in _SECONDS:
-                changes[_SECONDS[key]] = _number(key, text, problems, fraction=False)
+                changes[_SECONDS[key]] = _number(key, text, problems, "seconds")
+            elif key in _FACTORS:
+                changes[_FACTORS[key]] = _number(key, text, problems, "factor")
             elif key.endswith((".min", ".max")) and key[:-4] in LAYERS:
                 bounds = minimum if key.endswith(".min") else maximum
                 bounds[key[:-4]] = _count(key, text, problems, bounds[key[:-4]])
@@ -103,6 +111,10 @@ class Policy:
                 f"<= scale-out <= 1 (now {self.scale_in:g} < {self.target_utilisation:g} < "
                 f"{self.alarming:g} <= {self.scale_out:g})"
             )
+        if self.held_back_growth < 1:
+            problems.append(
+                f"held-back-growth must be a factor of 1 or more (now {self.held_back_growth:g})"
+            )
         if self.metrics_window_s <= 0:
             problems.append("metrics-window-s must be above 0")
         if self.stabilisation_s < self.metrics_window_s:
@@ -121,7 +133,8 @@ class Policy:
 
     def settings(self) -> dict[str, str]:
         """Every knob as ``KEY -> VALUE`` text, the form :meth:`updated` reads."""
-        shown = {key: f"{getattr(self, name):g}" for key, name in (_FRACTIONS | _SECONDS).items()}
+        named = _FRACTIONS | _FACTORS | _SECONDS
+        shown = {key: f"{getattr(self, name):g}" for key, name in named.items()}
         for layer in LAYERS:
             shown[f"{layer}.min"] = str(self.minimum[layer])
             shown[f"{layer}.max"] = str(self.maximum[layer])
@@ -133,17 +146,24 @@ class Policy:
 
 
 def _keys() -> list[str]:
-    return [*_FRACTIONS, *_SECONDS, "LAYER.min", "LAYER.max"]
+    return [*_FRACTIONS, *_FACTORS, *_SECONDS, "LAYER.min", "LAYER.max"]
 
 
-def _number(key: str, text: str, problems: list[str], *, fraction: bool) -> float:
+_WANTED = {
+    "fraction": "a fraction from 0 to 1, e.g. 0.7",
+    "seconds": "seconds, 0 or more",
+    "factor": "a factor of 1 or more, e.g. 2",
+}
+
+
+def _number(key: str, text: str, problems: list[str], kind: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < 0 or (fraction and value > 1):
-        wanted = "a fraction from 0 to 1, e.g. 0.7" if fraction else "seconds, 0 or more"
-        problems.append(f"{key} must be {wanted} (got {text!r})")
+    low, high = {"fraction": (0, 1), "seconds": (0, math.inf), "factor": (1, math.inf)}[kind]
+    if not (math.isfinite(value) and low <= value <= high):
+        problems.append(f"{key} must be {_WANTED[kind]} (got {text!r})")
     return value
 
 

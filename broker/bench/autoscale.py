@@ -113,6 +113,7 @@ _WINDOWS = {
     "cooldown-s": (6.0, 2.0),
 }
 _SINE_LOW, _SINE_HIGH = 1.0, 4.0
+NOISE = 0.2  # a noisy segment: +-20% of its level, drawn anew every second
 # one subscription per last digit of the station id: every update notifies exactly one
 SUBSCRIPTIONS = [
     Subscription(
@@ -127,14 +128,19 @@ _POOL = 2_000
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One part of the load profile: ``factor`` x base for ``seconds`` (a wave if sine)."""
+    """One part of the load profile: ``factor`` x base for ``seconds`` (a wave if sine; if
+    noisy, +-``NOISE`` of it drawn anew every second, the same draws in every run)."""
 
     factor: float
     seconds: float
     sine: bool = False
+    noisy: bool = False
 
     def rate(self, base: float, into: float) -> float:
         """Updates a second offered ``into`` seconds after the segment began."""
+        if self.noisy:
+            draw = zlib.crc32(f"noise-{int(into)}".encode()) / 0xFFFFFFFF  # 0 to 1
+            return base * self.factor * (1.0 + NOISE * (2.0 * draw - 1.0))
         if not self.sine:
             return base * self.factor
         wave = 0.5 * (1.0 - math.cos(2.0 * math.pi * into / (self.seconds / 2.0)))
@@ -142,21 +148,23 @@ class Segment:
 
 
 def parse_profile(text: str, scale_time: float) -> list[Segment]:
-    """``FACTOR:SECONDS,...`` (``sine:SECONDS`` for a wave) with the seconds scaled; raises
-    ValueError naming the bad part."""
+    """``FACTOR:SECONDS,...`` (``sine:SECONDS`` for a wave, ``FACTOR~:SECONDS`` for a noisy
+    level) with the seconds scaled; raises ValueError naming the bad part."""
     segments = []
     for part in text.split(","):
         kind, sep, seconds_text = part.strip().partition(":")
+        noisy = kind.endswith("~")
         try:
             seconds = float(seconds_text) * scale_time
-            factor = 1.0 if kind == "sine" else float(kind)
+            factor = 1.0 if kind == "sine" else float(kind.removesuffix("~"))
         except ValueError:
             seconds = factor = math.nan
         if not sep or not (math.isfinite(seconds) and seconds > 0) or not factor > 0:
             raise ValueError(
-                f"--profile: {part.strip()!r} is not FACTOR:SECONDS or sine:SECONDS (both positive)"
+                f"--profile: {part.strip()!r} is not FACTOR:SECONDS, FACTOR~:SECONDS or "
+                "sine:SECONDS (both positive)"
             )
-        segments.append(Segment(factor, seconds, sine=kind == "sine"))
+        segments.append(Segment(factor, seconds, sine=kind == "sine", noisy=noisy))
     if not segments:
         raise ValueError("--profile: no segment")
     return segments

@@ -346,6 +346,8 @@ def _load_of(load: wire.Load) -> dict[str, Any]:
         "items_in": load.items_in,
         "items_out": load.items_out,
         "max_rate": load.max_rate,
+        "held_fraction": round(load.held_fraction, 3),
+        "items_held": load.items_held,
     }
 
 
@@ -422,6 +424,8 @@ def _load_line(load: dict[str, Any] | None) -> str:
         parts.append(f"queued {load['queue_depth']} ({load['queue_age_s']:g} s)")
     if load["max_rate"]:
         parts.append(f"max {load['max_rate']:g}/s")
+    if load["held_fraction"]:
+        parts.append(f"held back {load['held_fraction']:.0%}")
     return ", ".join(parts)
 
 

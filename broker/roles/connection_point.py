@@ -12,10 +12,11 @@ put on the session's stream. A session ending (the client went away) unsubscribe
 subscriptions, so nothing leaks. A session whose client reads too slowly is ended with
 RESOURCE_EXHAUSTED once its queue is full, so it cannot hold the others back.
 
-Load (broker.runtime.load): the items in are the updates published (over gRPC or HTTP) and
-the notifications the exit points deliver, the items out the updates sent on and the
-notifications put on sessions; busy is validating and packing a batch, and splitting a
-delivery by session (and waiting for ``--max-rate`` tokens), not the client I/O.
+Load (broker.runtime.load): the items in are the updates published (over gRPC or HTTP), the
+items out the updates sent on (the pipeline counts updates on every layer: the autoscaler's
+model, broker/autoscale/model.py); busy is validating and packing a batch and splitting a
+delivery by session (the notifications' cost is busy time, not items), and waiting for
+``--max-rate`` tokens (for updates only), not the client I/O.
 
 The access point is chosen among the serving ones (the configuration's, live) by this
 process's registration number (so connection points spread evenly), and chosen again when
@@ -392,6 +393,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             return _done(0)
         load = self._ctx().load
         count = len(request.entities)
+        if request.held_back:
+            load.held(count)
         await load.admit(count)
         with load.working(count):
             objs = self._checked(request)
@@ -798,9 +801,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
             received.inc()
             body = handoff.WhichOneof("body")
             if body == "deliveries":
-                notifications = len(handoff.deliveries.entity_index)
-                await ctx.load.admit(notifications)
-                with ctx.load.working(notifications):
+                with ctx.load.working(0):
                     self._deliver(handoff.deliveries)
             elif body == "completed":
                 self._completed(handoff.completed)
@@ -851,7 +852,6 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                 self._end(session, "the subscriber reads too slowly; its session was ended")
                 continue
             delivered.inc(int(chosen.sum()))
-            self._ctx().load.output(int(chosen.sum()))
 
     # -- the access point -----------------------------------------------------------------
 

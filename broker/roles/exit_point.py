@@ -15,7 +15,8 @@ connection point concerned.
 
 Load (broker.runtime.load): the items in are the updates of the batches this exit point
 gathers (its publishers' batches: it is their ``completer``; once each, however many matchers
-reported them), the items out the notifications sent on. Every exit point also receives the
+reported them), the items out the same updates once their notifications are sent on (the
+pipeline counts updates on every layer). Every exit point also receives the
 (empty) partials of the other exit points' batches, to keep each access point's order: their
 handling counts as busy time but not as items, nor against ``--max-rate``, so ``k`` capped
 exit points serve ``k`` times the cap when the publishers spread over them. A batch is busy
@@ -256,11 +257,12 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 del line[head.first_seq]
                 self._next[access_point] = head.last_seq + 1
                 updates = head.last_seq - head.first_seq + 1
-                if head.completer and head.completer != self._ctx().member.sequence:
+                if head.completer != self._ctx().member.sequence:
                     updates = 0  # another exit point's batch: only its order passes here
                 await load.admit(updates)
                 with load.working(updates):
                     await self._deliver(head)
+                load.output(updates)
                 self._note_completed(head, completed)
             await self._send_completed(completed)
             await self._pass_fences()
@@ -556,7 +558,6 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 ctx.metrics.items_out.labels(kind="undeliverable").inc(int(chosen.sum()))
                 continue
             ctx.metrics.items_out.labels(kind="notification").inc(int(chosen.sum()))
-            ctx.load.output(int(chosen.sum()))
 
     # -- sessions resumed elsewhere (broker/runtime/retained.py) ----------------------------
 

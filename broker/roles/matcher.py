@@ -12,9 +12,13 @@ Each access point holds one ``Matcher.Match`` stream to it, on which, in order:
   gathers none of the batch's updates still gets the (empty) partial, which is how it knows
   this matcher has nothing for them.
 
-Load (broker.runtime.load): the items in are the updates matched, the items out the
-matches; a batch is busy while it waits for ``--max-rate`` tokens, is decoded and matched
-(sending its partials is not: a full link to a slow exit point is that exit point's load).
+Load (broker.runtime.load): the items in and out are the updates matched (every matcher
+matches every update, against its share of the subscriptions); a batch is busy while it waits
+for ``--max-rate`` tokens, is decoded and matched (sending its partials is not: a full link to
+a slow exit point is that exit point's load). ``--max-rate N`` counts an update as ``1/k`` of
+an item, ``k`` the matchers of the configuration, since each does ``1/k`` of its matching: a
+layer of ``k`` capped matchers serves ``k * N`` updates a second, as ``k`` capped processes
+of another layer do.
 
 A matcher scale is followed by a :class:`broker.roles.participant.Participant` (its phases
 and their order are that module's doc); the snapshot protocol itself is docs/protocol.md.
@@ -187,6 +191,11 @@ class Matcher(wire_grpc.MatcherServicer):
                 watched.stop()
         await asyncio.gather(*(link.close() for link in self._links.values()))
 
+    def _matchers_now(self) -> int:
+        """How many matchers share the subscriptions (the configuration's; 1 before one)."""
+        current = self._config.current if self._config else None
+        return max(1, len(current.matchers)) if current is not None else 1
+
     def status(self) -> tuple[int, int]:
         current = self._config.current if self._config else None
         return (current.epoch if current else 0), len(self._engine)
@@ -215,7 +224,7 @@ class Matcher(wire_grpc.MatcherServicer):
             if body == "hello":
                 sender = batch.hello.sender
             elif body == "updates":
-                await ctx.load.admit(len(batch.updates.entities))
+                await ctx.load.admit(len(batch.updates.entities) / self._matchers_now())
                 async with self._lock:
                     await self._match(sender, batch.updates)
             elif body == "subscriptions":
@@ -363,8 +372,8 @@ class Matcher(wire_grpc.MatcherServicer):
     async def _match(self, access_point: str, updates: wire.Updates) -> None:
         ctx = self._ctx()
         with ctx.load.working(len(updates.entities)):
-            partials, matched = await self._partials(updates)
-        ctx.load.output(matched)
+            partials = await self._partials(updates)
+        ctx.load.output(len(updates.entities))
         gatherers = list(updates.gatherers) or list(self._links)
         await self._await_exit_points(set(gatherers))
         last = updates.first_seq + len(updates.entities) - 1
@@ -383,9 +392,9 @@ class Matcher(wire_grpc.MatcherServicer):
             partial.completer = updates.exit_points[0]  # one publisher per batch
             await link.send(wire.Gather(partial=partial).SerializeToString())
 
-    async def _partials(self, updates: wire.Updates) -> tuple[dict[int, wire.Partial], int]:
+    async def _partials(self, updates: wire.Updates) -> dict[int, wire.Partial]:
         """Match a batch: the partial result for each exit point concerned (by member
-        sequence), and the number of matches."""
+        sequence)."""
         ctx = self._ctx()
         started = time.perf_counter()
         batch = [trusted_update_from_obj(obj) for obj in unpackb(updates.matchable)]
@@ -444,7 +453,7 @@ class Matcher(wire_grpc.MatcherServicer):
         ctx.metrics.stage_seconds.labels(stage="match").observe(time.perf_counter() - started)
         ctx.metrics.items_in.labels(kind="update").inc(count)
         ctx.metrics.items_out.labels(kind="match").inc(len(handles))
-        return partials, len(handles)
+        return partials
 
     # -- the scale protocol (docs/protocol.md) ---------------------------------------------
 

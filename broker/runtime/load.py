@@ -19,9 +19,10 @@ link; nothing per item. Rates are computed when asked (``Admin.Status``, a Prome
 from marks of the totals taken at most every ``window / 5`` seconds.
 
 Capacity emulation: with ``max_rate`` (``silbo run --max-rate N``) :meth:`Load.admit` holds
-each batch until a token bucket allows its items, so the process takes in at most ``N``
-items a second; the wait counts as busy, so a process at its cap reports busy near 1 and a
-true rate near ``N``, like a process that really has that capacity.
+a batch of ``n`` items for ``n / N`` seconds after the batches before it (a token bucket
+without burst), so the process takes in at most ``N`` items a second; the wait counts as
+busy, so, like a process that really has that capacity, a process at its cap reports busy
+near 1 and one at half its cap busy near 0.5, both a true rate near ``N``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from typing import Protocol
 __all__ = ["WINDOW", "Load", "LoadSample", "TokenBucket", "WaitingQueue", "blocked"]
 
 WINDOW = 5.0  # seconds the rates are averaged over
-BURST = 0.05  # seconds of --max-rate tokens an idle process may use at once
+# seconds of --max-rate tokens an idle process may use at once: none, so that every batch
+# costs its emulated work time and a process below its cap measures its true rate too
+BURST = 0.0
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
@@ -67,6 +70,8 @@ class LoadSample:
     items_in: int
     items_out: int
     max_rate: float  # the --max-rate cap (0: none)
+    held_fraction: float = 0.0  # share of the items in whose publishers were held back
+    items_held: int = 0  # total since start
 
 
 class TokenBucket:
@@ -84,7 +89,7 @@ class TokenBucket:
         self._burst = burst
         self._virtual = float("-inf")  # when the items reserved so far are served
 
-    def reserve(self, items: int, now: float) -> float:
+    def reserve(self, items: float, now: float) -> float:
         """Reserve ``items`` tokens; the seconds to wait before using them."""
         start = max(self._virtual, now - self._burst)
         self._virtual = start + items / self.rate
@@ -154,13 +159,14 @@ class Load:
         self._busy = 0.0  # busy seconds before _since
         self._in = 0
         self._out = 0
+        self._held = 0
         now = clock()
-        self._marks: deque[tuple[float, float, int, int]] = deque([(now, 0.0, 0, 0)])
+        self._marks: deque[tuple[float, float, int, int, int]] = deque([(now, 0.0, 0, 0, 0)])
         self._queues: weakref.WeakSet[WaitingQueue] = weakref.WeakSet()
 
     # -- the data path ----------------------------------------------------------------------
 
-    async def admit(self, items: int) -> None:
+    async def admit(self, items: float) -> None:
         """Wait until ``--max-rate`` allows ``items`` more (at once when uncapped); the wait
         counts as busy."""
         if self._bucket is None:
@@ -185,6 +191,11 @@ class Load:
             self._in += items_in
             if not span.paused:
                 self._stop()
+
+    def held(self, items: int) -> None:
+        """Count ``items`` (also counted in) whose publisher had waited for room in its
+        publish window: it is offered more than it sends."""
+        self._held += items
 
     def output(self, items: int) -> None:
         """Count ``items`` handed on to the next layer (or to subscribers)."""
@@ -224,6 +235,8 @@ class Load:
             items_in=self._in,
             items_out=self._out,
             max_rate=self.max_rate,
+            held_fraction=min(1.0, (self._held - base[4]) / items_in) if items_in > 0 else 0.0,
+            items_held=self._held,
         )
 
     # -- the meter --------------------------------------------------------------------------
@@ -245,7 +258,7 @@ class Load:
 
     def _mark(self, now: float, busy: float) -> None:
         if now - self._marks[-1][0] >= self._step:
-            self._marks.append((now, busy, self._in, self._out))
+            self._marks.append((now, busy, self._in, self._out, self._held))
 
     def _waiting(self) -> tuple[int, float | None]:
         depth = 0

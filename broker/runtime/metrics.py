@@ -23,6 +23,8 @@ averaged over the last 5 seconds and refreshed every second:
 - ``silbo_outbound_queue_depth`` / ``silbo_outbound_queue_age_seconds``: messages waiting
   on the outbound links, and how long the oldest has waited
 - ``silbo_max_rate``: the ``--max-rate`` cap (0: none)
+- ``silbo_held_back_fraction``: the share of the items in whose publishers had waited for
+  room in their publish window (connection points): offered more than the broker takes
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ class ProcessMetrics:
         )
         self.max_rate = Gauge("silbo_max_rate", "the --max-rate cap (0: none)", registry=r)
         self.max_rate.set(self.load.max_rate)
+        self.held_back = Gauge(
+            "silbo_held_back_fraction",
+            "share of the items in whose publishers had waited for room in their window",
+            registry=r,
+        )
         self._busy_shown = 0.0
 
     def serve(self, listen: str) -> str:
@@ -117,6 +124,7 @@ class ProcessMetrics:
         self.true_rate.set(sample.true_rate)
         self.outbound_depth.set(sample.queue_depth)
         self.outbound_age.set(sample.queue_age)
+        self.held_back.set(sample.held_fraction)
         return sample
 
     def totals(self) -> dict[str, float]:

@@ -139,6 +139,8 @@ def _load_message(sample: LoadSample) -> wire.Load:
         items_in=sample.items_in,
         items_out=sample.items_out,
         max_rate=sample.max_rate,
+        held_fraction=sample.held_fraction,
+        items_held=sample.items_held,
     )
 
 

@@ -59,20 +59,22 @@ class Entity(_message.Message):
     def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., tenant: _Optional[str] = ..., service_path: _Optional[str] = ..., attributes: _Optional[_Iterable[_Union[Attribute, _Mapping]]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("batch", "publisher", "first_sequence", "entities", "store", "incarnation")
+    __slots__ = ("batch", "publisher", "first_sequence", "entities", "store", "incarnation", "held_back")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ENTITIES_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    HELD_BACK_FIELD_NUMBER: _ClassVar[int]
     batch: int
     publisher: str
     first_sequence: int
     entities: _containers.RepeatedCompositeFieldContainer[Entity]
     store: bool
     incarnation: int
-    def __init__(self, batch: _Optional[int] = ..., publisher: _Optional[str] = ..., first_sequence: _Optional[int] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., store: _Optional[bool] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    held_back: bool
+    def __init__(self, batch: _Optional[int] = ..., publisher: _Optional[str] = ..., first_sequence: _Optional[int] = ..., entities: _Optional[_Iterable[_Union[Entity, _Mapping]]] = ..., store: _Optional[bool] = ..., incarnation: _Optional[int] = ..., held_back: _Optional[bool] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message")

@@ -295,7 +295,7 @@ class ProcessStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., epoch: _Optional[int] = ..., subscriptions: _Optional[int] = ..., counters: _Optional[_Mapping[str, float]] = ..., metrics: _Optional[str] = ..., load: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("window", "busy_fraction", "input_rate", "output_rate", "true_rate", "queue_depth", "queue_age", "busy_seconds", "items_in", "items_out", "max_rate")
+    __slots__ = ("window", "busy_fraction", "input_rate", "output_rate", "true_rate", "queue_depth", "queue_age", "busy_seconds", "items_in", "items_out", "max_rate", "held_fraction", "items_held")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     INPUT_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +307,8 @@ class Load(_message.Message):
     ITEMS_IN_FIELD_NUMBER: _ClassVar[int]
     ITEMS_OUT_FIELD_NUMBER: _ClassVar[int]
     MAX_RATE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_HELD_FIELD_NUMBER: _ClassVar[int]
     window: float
     busy_fraction: float
     input_rate: float
@@ -318,7 +320,9 @@ class Load(_message.Message):
     items_in: int
     items_out: int
     max_rate: float
-    def __init__(self, window: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., input_rate: _Optional[float] = ..., output_rate: _Optional[float] = ..., true_rate: _Optional[float] = ..., queue_depth: _Optional[int] = ..., queue_age: _Optional[float] = ..., busy_seconds: _Optional[float] = ..., items_in: _Optional[int] = ..., items_out: _Optional[int] = ..., max_rate: _Optional[float] = ...) -> None: ...
+    held_fraction: float
+    items_held: int
+    def __init__(self, window: _Optional[float] = ..., busy_fraction: _Optional[float] = ..., input_rate: _Optional[float] = ..., output_rate: _Optional[float] = ..., true_rate: _Optional[float] = ..., queue_depth: _Optional[int] = ..., queue_age: _Optional[float] = ..., busy_seconds: _Optional[float] = ..., items_in: _Optional[int] = ..., items_out: _Optional[int] = ..., max_rate: _Optional[float] = ..., held_fraction: _Optional[float] = ..., items_held: _Optional[int] = ...) -> None: ...
 
 class Part(_message.Message):
     __slots__ = ("sender", "epoch", "data", "plan")

@@ -28,6 +28,7 @@ def status(
     *,
     busy: float = 0.0,
     rate: float = 0.0,
+    held: int = 0,
 ) -> wire.ProcessStatus:
     """A process's answer: its totals, and its own recent figures (busy fraction, rate)."""
     return wire.ProcessStatus(
@@ -38,6 +39,7 @@ def status(
             busy_fraction=busy,
             input_rate=rate,
             output_rate=rate,
+            items_held=held,
         )
     )
 
@@ -65,7 +67,7 @@ def test_a_sample_is_the_change_of_the_totals_since_the_last_answer() -> None:
         {
             "ap1": status(12.0, 1200, busy=0.5, rate=1.0),
             # ap2 does not answer: still one of the layer's 2, with no sample
-            "m1": status(2.5, 500, 30),
+            "m1": status(2.5, 500, 30, held=60),
         },
     )
     seen = observer.observation(102.0, second)
@@ -75,6 +77,7 @@ def test_a_sample_is_the_change_of_the_totals_since_the_last_answer() -> None:
     assert ap.samples[0].items_in == pytest.approx(100.0)
     matcher = seen.layers["matchers"].samples[0]
     assert (matcher.busy, matcher.items_in, matcher.items_out) == pytest.approx((0.25, 50, 5))
+    assert matcher.held_back == pytest.approx(0.6)  # 60 of the 100 items in held back
     # ap1 restarted (its totals began again): its own recent figures, not a negative rate
     third = ClusterLook(layers, {"ap1": status(0.2, 30, busy=0.3, rate=15.0)})
     sample = observer.observation(104.0, third).layers["access-points"].samples[0]

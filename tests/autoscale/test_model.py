@@ -2,7 +2,9 @@
 
 A tiny simulator stands in for the cluster: a pipeline of layers whose processes each serve
 at most ``capacity`` items/s; what cannot be served waits in the layer's queue; a process is
-``busy`` for the share of its capacity it used. Decisions are applied at once.
+``busy`` for the share of its capacity it used. The matchers are a broadcast layer, as in
+Silbo: each process takes in every item and does its share of the work on it. Decisions are
+applied at once.
 """
 
 from __future__ import annotations
@@ -43,25 +45,30 @@ class Layer:
     capacity: float  # items/s one process serves
     processes: int
     selectivity: float = 1.0  # items out per item in
+    broadcast: bool = False  # every process takes in every item (and does 1/processes of it)
     queue: float = 0.0
 
-    def step(self, arrival: float) -> tuple[LayerView, float]:
-        """Serve ``STEP_S`` seconds of ``arrival`` items/s; the view and the rate sent on."""
+    def step(self, arrival: float, held_back: float = 0.0) -> tuple[LayerView, float]:
+        """Serve ``STEP_S`` seconds of ``arrival`` items/s (``held_back``: the share of them
+        whose publishers waited for room); the view and the rate sent on."""
         available = self.queue + arrival * STEP_S
         served = min(available, self.capacity * self.processes * STEP_S)
         self.queue = available - served
         rate = served / STEP_S
         busy = rate / (self.capacity * self.processes)
         age = self.queue / rate if rate else 0.0
+        each = 1 if self.broadcast else self.processes  # the processes an item goes to: 1 of
         sample = LayerSample(
             busy=busy,
-            items_in=rate / self.processes,
-            items_out=rate * self.selectivity / self.processes,
-            queue_depth=round(self.queue / self.processes),
+            items_in=rate / each,
+            items_out=rate * self.selectivity / each,
+            queue_depth=round(self.queue / each),
             queue_age_s=age,
+            held_back=held_back,
         )
+        arriving = arrival * self.processes / each
         return LayerView(
-            self.processes, arrival, [sample] * self.processes
+            self.processes, arriving, [sample] * self.processes
         ), rate * self.selectivity
 
 
@@ -82,8 +89,8 @@ def pipeline(matchers: int = 3) -> list[Layer]:
     return [
         Layer("connection-points", 20_000, 1),
         Layer("access-points", 10_000, 1),
-        Layer("matchers", 1_000, matchers, selectivity=0.5),
-        Layer("exit-points", 5_000, 1),
+        Layer("matchers", 1_000, matchers, broadcast=True),
+        Layer("exit-points", 20_000, 1),
     ]
 
 
@@ -93,16 +100,25 @@ def simulate(
     duration_s: float,
     policy: Policy = POLICY,
     controller: Controller | None = None,
+    *,
+    held_back: bool = False,
 ) -> Run:
-    """Drive ``controller`` with the simulated layers under ``load`` (items/s at time t)."""
+    """Drive ``controller`` with the simulated layers under ``load`` (items/s at time t).
+
+    ``held_back``: the publishers wait on their publish window, as Silbo's do: no layer is
+    offered more than the narrowest layer serves, and nothing queues."""
     controller = controller or Controller(policy)
     by_name = {layer.name: layer for layer in layers}
     run = Run()
     for step in range(int(duration_s / STEP_S)):
         t = step * STEP_S
-        rate, views = load(t), {}
+        rate, views, held = load(t), {}, 0.0
+        if held_back:
+            served = min(rate, *(layer.capacity * layer.processes for layer in layers))
+            rate, held = served, 1.0 if served < rate else 0.0
         for layer in layers:
-            views[layer.name], rate = layer.step(rate)
+            views[layer.name], rate = layer.step(rate, held)
+            held = 0.0  # the connection points count it
         for decision in controller.observe(Observation(t, views)):
             run.decisions.append(decision)
             if decision.kind in (Kind.SCALE_OUT, Kind.SCALE_IN):
@@ -128,6 +144,25 @@ def test_a_x4_step_is_met_in_two_decisions_on_the_bottleneck_only() -> None:
     assert scale_outs[-1].after == math.ceil(7_200 / (1_000 * POLICY.target_utilisation))
     assert "matchers: input 7,200/s" in scale_outs[-1].reason
     assert "true rate 1,000/s per process" in scale_outs[-1].reason
+
+
+def test_a_x4_step_held_back_by_the_bottleneck_is_met_in_two_decisions() -> None:
+    # the source shows only what the 3 matchers serve (3,000/s of 7,200/s): saturated, they
+    # double blind, then the 6 serve 6,000/s of it, still saturated: DS2 cannot see past it,
+    # the doubling can
+    run = simulate(pipeline(), step(1_800, 4, at=60), duration_s=180, held_back=True)
+    scale_outs = run.on("matchers", Kind.SCALE_OUT)
+    assert [d.after for d in scale_outs] == [6, 12]
+    assert {d.layer for d in run.decisions} == {"matchers"}
+    assert (
+        "(publishers held back)" in scale_outs[0].reason and "x2 at least" in scale_outs[0].reason
+    )
+    enough = next(t for t, load, capacity in run.capacity if t >= 60 and capacity >= load)
+    assert enough - 60 <= 30
+    # without the doubling DS2 creeps up by its target utilisation at each decision
+    creeping = Policy().updated(["held-back-growth=1"])
+    run = simulate(pipeline(), step(1_800, 4, at=60), 180, creeping, held_back=True)
+    assert len(run.on("matchers", Kind.SCALE_OUT)) > 2
 
 
 def test_the_prewarm_comes_before_the_scale_out_it_prepares() -> None:
@@ -279,6 +314,7 @@ def test_the_policy_reads_back_what_it_shows() -> None:
         (["matchers.min=0"], "matchers.min must be at least 1"),
         (["exit-points.max=2", "exit-points.min=3"], "exit-points.max (2) is below"),
         (["metrics-window-s=0"], "metrics-window-s must be above 0"),
+        (["held-back-growth=0.5"], "held-back-growth must be a factor of 1 or more, e.g. 2"),
         (["metrics-window-s=600"], "stabilisation-s (300) must be at least metrics-window-s"),
     ],
 )

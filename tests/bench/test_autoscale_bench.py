@@ -54,7 +54,12 @@ def test_the_profile_is_read_and_scaled_and_bad_ones_are_named() -> None:
     ]
     wave = Segment(1.0, 20.0, sine=True)
     assert (wave.rate(100, 0.0), wave.rate(100, 5.0), wave.rate(100, 10.0)) == (100, 400, 100)
-    for bad in ("1:20,4", "x:3", "2:-1", "0:5", "1:20,,2:3"):
+    noisy = parse_profile("3~:60", 1.0)[0]
+    rates = [noisy.rate(100, t + 0.5) for t in range(60)]
+    assert all(240 <= r <= 360 for r in rates) and len(set(rates)) > 50
+    assert rates == [noisy.rate(100, t + 0.1) for t in range(60)]  # one draw a second, fixed
+    assert 285 <= sum(rates) / len(rates) <= 315
+    for bad in ("1:20,4", "x:3", "2:-1", "0:5", "1:20,,2:3", "~:5"):
         with pytest.raises(ValueError, match="--profile"):
             parse_profile(bad, 1.0)
 
