@@ -101,7 +101,7 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "replay",
-        "match a file of updates against subscriptions on Spark (docs/spark.md)",
+        "the notifications a file of updates would have made, on Spark (docs/spark.md)",
         "broker.commands.replay:configure",
     ),
 )

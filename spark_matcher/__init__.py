@@ -8,6 +8,11 @@ Two methods give the same ``(update, subscription)`` rows as the in-process engi
 - ``join`` (:class:`spark_matcher.match.SparkMatcher`): matching expressed relationally,
   updates exploded into keys and joined with the subscriptions' tables (see
   :mod:`spark_matcher.plan`), each candidate pair checked by Spark SQL.
+
+``silbo replay`` (:mod:`spark_matcher.replay`) puts a matcher between two passes of its
+own: the updates applied to their entities as the context store applies them
+(:mod:`spark_matcher.history`) before, the HTTP front's decision on each match
+(:mod:`spark_matcher.decisions`) after.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ again.
 ``strict`` reading applies the NGSI v2 rules of the HTTP front (no ``< > " ' = ; ( )`` in
 text unless typed ``TextUnrestricted``, attributes as objects of ``type`` / ``value`` /
 ``metadata`` only); the lax reading accepts every update the broker's gRPC API accepts.
+
+``timed`` reading (``silbo replay --updates``) takes one more field beside ``id``: ``time``,
+when the update was made, epoch seconds or an ISO 8601 date (:func:`time_of`); an attribute
+named ``time`` cannot be given then. Otherwise ``time`` is an attribute like any other.
 """
 
 from __future__ import annotations
@@ -19,21 +23,26 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import InvalidInput
-from broker.model.attribute import Attribute, Metadata, default_type
+from broker.model.attribute import Attribute, Metadata, default_type, parse_iso8601
 from broker.model.identifiers import DEFAULT_SERVICE_PATH
 from broker.model.update import DEFAULT_ENTITY_TYPE, ContextUpdate
 from broker.ngsi.entity import parse_attribute
 
 __all__ = [
     "ENTITY_FIELDS",
+    "TIMED_FIELDS",
+    "TIME_FIELD",
     "InputError",
     "line_error",
+    "time_of",
     "update_from_json",
     "update_to_json",
     "write_updates",
 ]
 
 ENTITY_FIELDS = frozenset({"id", "type", "tenant", "servicePath"})
+TIME_FIELD = "time"
+TIMED_FIELDS = ENTITY_FIELDS | {TIME_FIELD}
 
 
 class InputError(InvalidInput):
@@ -78,7 +87,12 @@ def write_updates(updates: Iterable[ContextUpdate], path: Path) -> int:
 
 
 def line_error(
-    text: str, *, strict: bool = True, source: str = "<input>", line: int = 0
+    text: str,
+    *,
+    strict: bool = True,
+    source: str = "<input>",
+    line: int = 0,
+    timed: bool = False,
 ) -> InputError | None:
     """Why one JSON line is not a valid update (its InputError), None if it is one."""
     try:
@@ -86,7 +100,7 @@ def line_error(
     except ValueError as exc:
         return InputError(source, line, "", f"not JSON: {exc}")
     try:
-        update_from_json(body, strict=strict, source=source, line=line)
+        update_from_json(body, strict=strict, source=source, line=line, timed=timed)
     except InputError as exc:
         return exc
     return None
@@ -96,17 +110,44 @@ def _field(body: Mapping[str, Any], name: str, default: Any) -> Any:
     return body.get(name, default)
 
 
+def time_of(body: Mapping[str, Any], source: str = "<input>", line: int = 0) -> float | None:
+    """The ``time`` field of a timed update in epoch seconds (None without one): a number
+    of seconds or an ISO 8601 date; InputError otherwise."""
+    value = body.get(TIME_FIELD)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+        if seconds - seconds == 0:
+            return seconds
+    elif isinstance(value, str):
+        parsed = parse_iso8601(value)
+        if parsed is not None:
+            return parsed
+    reason = f"{value!r} is neither epoch seconds nor an ISO 8601 date"
+    raise InputError(source, line, TIME_FIELD, reason)
+
+
 def update_from_json(
-    body: Any, *, strict: bool = True, source: str = "<input>", line: int = 0
+    body: Any,
+    *,
+    strict: bool = True,
+    source: str = "<input>",
+    line: int = 0,
+    timed: bool = False,
 ) -> ContextUpdate:
-    """The update one JSON object describes; InputError naming the field if it is invalid."""
+    """The update one JSON object describes; InputError naming the field if it is invalid
+    (``timed``: ``time`` is the update's time, checked, not an attribute)."""
     if not isinstance(body, dict):
         raise InputError(source, line, "", "an update must be a JSON object")
     if "id" not in body:
         raise InputError(source, line, "id", "entity id is missing")
+    if timed:
+        time_of(body, source, line)
+    fields = TIMED_FIELDS if timed else ENTITY_FIELDS
     attributes: dict[str, Attribute] = {}
     for name, item in body.items():
-        if name in ENTITY_FIELDS:
+        if name in fields:
             continue
         try:
             attributes[name] = _attribute(name, item, strict)

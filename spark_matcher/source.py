@@ -25,7 +25,14 @@ from typing import Any
 
 from broker.model.attribute import parse_iso8601
 from broker.model.update import ContextUpdate
-from spark_matcher.entities import InputError, line_error, update_from_json, write_updates
+from spark_matcher.entities import (
+    ENTITY_FIELDS,
+    TIMED_FIELDS,
+    InputError,
+    line_error,
+    update_from_json,
+    write_updates,
+)
 
 __all__ = [
     "MAX_DATES",
@@ -234,9 +241,12 @@ def check_dates(lines: Any, *, source: str = "<input>") -> None:
     _dates(lines.select("update", _sql("try_parse_json(text)").alias("v")), None, source=source)
 
 
-def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> None:
+def check_lines(
+    lines: Any, *, strict: bool = True, source: str = "<input>", timed: bool = False
+) -> None:
     """InputError for the first line that is not a valid update (DateTime values apart:
-    :func:`check_dates`)."""
+    :func:`check_dates`; ``timed``: ``time`` is the update's time, and only its kind is
+    checked here: the text of a date is read later, by its reader)."""
     from pyspark.sql import functions as F
 
     parsed = lines.select(
@@ -276,6 +286,15 @@ def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> 
         "AND schema_of_variant(variant_get(a, '$.metadata')) NOT IN ('VOID', 'OBJECT<>') "
         "THEN concat(k, ': metadata must be a JSON object') END"
     )
+    time_problem = (
+        "WHEN m['time'] IS NOT NULL AND schema_of_variant(m['time']) NOT IN ('STRING', 'VOID') "
+        "AND (schema_of_variant(m['time']) = 'BOOLEAN' "
+        "OR try_variant_get(m['time'], '$', 'double') IS NULL) "
+        "THEN 'time: neither epoch seconds nor an ISO 8601 date' "
+        if timed
+        else ""
+    )
+    fields = ", ".join(sql_string(f) for f in sorted(TIMED_FIELDS if timed else ENTITY_FIELDS))
     problem = (
         "CASE WHEN m['id'] IS NULL THEN 'id: entity id is missing' "
         "WHEN NOT " + ok("m['id']") + " THEN 'id: invalid entity id' "
@@ -287,8 +306,9 @@ def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> 
         "WHEN m['servicePath'] IS NOT NULL AND NOT (schema_of_variant(m['servicePath']) = "
         "'STRING' AND variant_get(m['servicePath'], '$', 'string') RLIKE '" + _PATH + "') "
         "THEN 'servicePath: invalid service path' "
-        "ELSE try_element_at(filter(map_values(transform_values(map_filter(m, (k, a) -> k NOT IN "
-        "('id', 'type', 'tenant', 'servicePath')), (k, a) -> " + attr_problem + ")), "
+        + time_problem
+        + "ELSE try_element_at(filter(map_values(transform_values(map_filter(m, (k, a) -> k NOT IN "
+        f"({fields})), (k, a) -> " + attr_problem + ")), "
         "p -> p IS NOT NULL), 1) END"
     )
     checked = parsed.where(~suspicious).select("update", _sql(problem).alias("problem"))
@@ -297,7 +317,7 @@ def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> 
     doubtful = parsed.where(suspicious).select("update", "text")
     if first_native is not None:
         doubtful = doubtful.where(F.col("update") < first_native)
-    found = doubtful.rdd.mapPartitions(_python_check(strict)).collect()
+    found = doubtful.rdd.mapPartitions(_python_check(strict, timed)).collect()
     if found:
         line, field, reason = min(found)
         raise InputError(source, line + 1, field, reason)
@@ -307,15 +327,17 @@ def check_lines(lines: Any, *, strict: bool = True, source: str = "<input>") -> 
         # the reference reading words the reason the way every other error is worded
         row = parsed.where(F.col("update") == line).select("text").collect()
         with contextlib.suppress(ValueError):  # not JSON to Python: the native reason stands
-            update_from_json(json.loads(row[0][0]), strict=strict, source=source, line=line + 1)
+            update_from_json(
+                json.loads(row[0][0]), strict=strict, source=source, line=line + 1, timed=timed
+            )
         raise InputError(source, line + 1, field, reason)
 
 
-def _python_check(strict: bool) -> Any:
+def _python_check(strict: bool, timed: bool) -> Any:
     def check(rows: Iterator[Any]) -> Iterator[tuple[int, str, str]]:
         for row in rows:
             line = row[0]
-            error = line_error(row[1], strict=strict, line=line + 1)
+            error = line_error(row[1], strict=strict, line=line + 1, timed=timed)
             if error is not None:
                 yield (line, error.field, error.reason)
 

@@ -9,7 +9,9 @@ connection point, access point, matcher, exit point and context store, every exi
 capped at ``--cap`` items a second (``--max-rate exit-point=CAP``, docs/autoscaling.md), and
 sets short policy windows through ``silbo admin autoscale set`` (metrics window 4 s,
 stabilisation 30 s, cooldown 6 s, each times ``--scale-time``; the exit points at most
-``--max``, the other layers pinned at 1; ``--set`` adds or overrides knobs).
+``--max``, the connection points, access points and matchers at most ``OTHERS_MAX`` (4:
+free to be scaled wrongly, which the report counts), the context stores pinned at 1;
+``--set`` adds or overrides knobs).
 
 **Why the exit points.** Adding processes adds capacity to a layer only if its upstream
 spreads the work over them (docs/autoscaling.md, Known limits): every matcher receives every
@@ -45,6 +47,7 @@ The report (``--json``: one object):
 
 - ``lost``, ``duplicated``, ``unexpected``, ``published``, ``expected``, ``delivered``;
 - ``decisions``: ``{t, layer, from, to, kind, reason, outcome}``, every layer;
+  ``wrong_layer_decisions``: how many were on another layer than the exit points;
 - ``steps``: per rise of the profile, ``time_to_capacity_s``: from the step to the end of
   the first second the capacity (serving x cap) was at least the load offered, and
   ``time_to_throughput_s``: to the end of the first of 3 seconds in a row in which the
@@ -104,6 +107,7 @@ __all__ = ["SUBSCRIPTIONS", "Segment", "configure", "parse_profile", "publisher_
 
 LAYER = "exit-points"
 ROLE = "exit-point"
+OTHERS_MAX = 4  # the other layers' most processes: room for a wrong decision
 PUBLISHERS = 12
 DEFAULT_PROFILE = "1:20,4:60,1:50,3:8,1:20"
 # the policy knobs set (seconds multiplied by --scale-time, at least the floor given)
@@ -333,7 +337,8 @@ class _Run:
         """The bench's knobs, through ``silbo admin autoscale set`` as an operator sets them."""
         scale = self.args.scale_time
         knobs = {key: f"{max(floor, value * scale):g}" for key, (value, floor) in _WINDOWS.items()}
-        knobs |= {f"{layer}.max": "1" for layer in LAYERS if layer != LAYER}
+        knobs |= {f"{layer}.max": str(OTHERS_MAX) for layer in LAYERS if layer != LAYER}
+        knobs["context-stores.max"] = "1"  # not autoscaled (docs/autoscaling.md)
         knobs[f"{LAYER}.max"] = str(self.args.max)
         settings = [f"{k}={v}" for k, v in knobs.items()] + list(self.args.set)
         command = [sys.executable, "-m", "broker.cli", "admin", "autoscale", "set", *settings]
@@ -522,6 +527,7 @@ class _Run:
             "duplicated": repeated.total(),
             "unexpected": unexpected.total(),
             "decisions": decisions,
+            "wrong_layer_decisions": sum(d["layer"] != LAYER for d in decisions),
             "steps": self._steps(series),
             "oscillations": oscillations(model, stabilisation),
             "over_provisioned_process_s": int(np.maximum(0, serving - ideal).sum()),
@@ -603,7 +609,8 @@ def _print(summary: dict[str, Any]) -> None:
             f"{step['time_to_throughput_s']} s"
         )
     print(
-        f"  oscillations {summary['oscillations']}, over-provisioned "
+        f"  decisions on the other layers {summary['wrong_layer_decisions']}, oscillations "
+        f"{summary['oscillations']}, over-provisioned "
         f"{summary['over_provisioned_process_s']} process-s, under-provisioned "
         f"{summary['under_provisioned_process_s']} process-s, short {summary['short_s']} s"
     )

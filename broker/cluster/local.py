@@ -377,6 +377,7 @@ class LocalCluster:
         self._zk_address = spec.zk or ""
         self._children: list[_Child] = []
         self._autoscalers: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._autoscaler_started: dict[int, float] = {}  # pid -> monotonic start (restarts)
         self._lock_fd: int | None = None
         self._status = "new"
         self._wrote_state = False
@@ -737,20 +738,47 @@ class LocalCluster:
         cluster.json, so they follow a cluster that runs, and outlive no stop of it."""
         for number in range(1, self.spec.autoscalers + 1):
             log = self.state_dir / "logs" / f"autoscaler-{number}.log"
-            command = [sys.executable, "-m", "broker.cli", "autoscaler"]
-            command += ["--state-dir", str(self.state_dir), "--log-level", self.spec.log_level]
-            command += ["--interval", f"{self.spec.autoscale_interval:g}"]
-            with _signals_held() as mask, open(log, "ab") as out:
-                process = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_ChildSetup(os.getpid(), mask, die=not self.spec.detach),
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
-                self._autoscalers.append((process, log))
+            self._autoscalers.append((self._spawn_autoscaler(log), log))
+
+    def _spawn_autoscaler(self, log: Path) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "broker.cli", "autoscaler"]
+        command += ["--state-dir", str(self.state_dir), "--log-level", self.spec.log_level]
+        command += ["--interval", f"{self.spec.autoscale_interval:g}"]
+        with _signals_held() as mask, open(log, "ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_ChildSetup(os.getpid(), mask, die=not self.spec.detach),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self._autoscaler_started[process.pid] = time.monotonic()
+        return process
+
+    def restart_autoscalers(self, *, ran_at_least: float = 0.0) -> list[str]:
+        """Start again each autoscaling controller that exited (killed, crashed) and ran at
+        least ``ran_at_least`` seconds (a crash loop waits); cluster.json names the new ones.
+        One ``autoscaler (pid N) exited with S, restarted as pid M (log: PATH)`` line each."""
+        said = []
+        for index, (process, log) in enumerate(self._autoscalers):
+            if process.poll() is None or self._status != "running":
+                continue
+            ran = time.monotonic() - self._autoscaler_started.get(process.pid, 0.0)
+            if ran < ran_at_least:
+                continue
+            fresh = self._spawn_autoscaler(log)
+            del self._autoscaler_started[process.pid]
+            self._autoscalers[index] = (fresh, log)
+            said.append(
+                f"autoscaler (pid {process.pid}) exited with {process.returncode}, "
+                f"restarted as pid {fresh.pid} (log: {log})"
+            )
+        if said:
+            entries = self._autoscaler_entries()
+            update_description(self.state_dir, lambda d: d.__setitem__("autoscalers", entries))
+        return said
 
     def _await_members_and_form(self, timeout: float) -> None:
         client = self._connect()
@@ -838,11 +866,14 @@ class LocalCluster:
             ],
             "processes": processes,
             # the autoscaling controllers (silbo autoscaler), not members of any layer
-            "autoscalers": [
-                {"pid": p.pid, "start_time": _start_time(p.pid), "log": str(log)}
-                for p, log in self._autoscalers
-            ],
+            "autoscalers": self._autoscaler_entries(),
         }
+
+    def _autoscaler_entries(self) -> list[dict[str, Any]]:
+        return [
+            {"pid": p.pid, "start_time": _start_time(p.pid), "log": str(log)}
+            for p, log in self._autoscalers
+        ]
 
     def _write(self, description: dict[str, Any]) -> None:
         path = self.state_dir / STATE_FILE

@@ -23,7 +23,10 @@ watchdog thread at the embedded ZooKeeper:
 3. **a process hangs** (stopped for ``hang_after`` seconds, 1.25 by default, or its event
    loop silent 8 times as long: broker.cluster.liveness): it is killed, and so replaced as
    in 1;
-4. **the embedded ZooKeeper is gone**: it is started again on the same port and data
+4. **an autoscaling controller exited** (``silbo up --autoscale``): it is started again with
+   the same log, unless it ran less than ``STABLE`` seconds (a crash loop: tried again once
+   that time has passed); meanwhile the standby leads;
+5. **the embedded ZooKeeper is gone**: it is started again on the same port and data
    directory; clients reconnect, and sessions still within their timeout go on. The
    watchdog is a thread of its own: the checks above wait on ZooKeeper when it is away, and
    must not be what keeps it away.
@@ -139,6 +142,8 @@ class Supervisor:
             for entry in description.get("processes") or []:
                 self._check_process(entry)
             self._restart_due()
+            for line in self._cluster.restart_autoscalers(ran_at_least=STABLE):
+                self._say(line)
             self._learn_names(description)
             if self._restoring:
                 self._restore_sizes(description)

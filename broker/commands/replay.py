@@ -1,16 +1,21 @@
-"""``silbo replay``: match a file of updates against a set of subscriptions, on Spark.
+"""``silbo replay``: the notifications a file of updates would have made, on Spark.
 
     silbo replay --updates FILE (--subscriptions FILE | --state-dir DIR) --out FILE
-                 [--master URL] [--partitions P]
+                 [--initial-state FILE] [--master URL] [--partitions P] [--method M]
 
 ``--updates`` is JSON lines (one NGSI v2 entity in normalized form per line, with the
-optional ``tenant`` and ``servicePath``) or a ``.parquet`` with those columns.
+optional ``tenant``, ``servicePath`` and ``time``) or a ``.parquet`` with those columns.
+Each update is an upsert of its entity, applied in order as the context store applies it,
+from no entities (or those of ``--initial-state``, in the same form); the entity it leaves
+is matched, and the front's decision taken on each match at the update's time
+(spark_matcher.replay: the state, matching and decision passes).
 ``--subscriptions`` is a JSON array of NGSI v2 subscriptions as Orion lists them (each with
 its ``id``; ``tenant`` and ``servicePath`` give the scope it was created under), read with
 the HTTP front's validation; ``--state-dir`` takes instead the subscriptions a running
-cluster (``silbo up``) holds now, and its matchers' partitioning. ``--out`` gets one row per
-match, ``(update, subscription)``: ``.parquet`` (written by Spark) or ``.jsonl`` (sorted by
-update, then subscription). ``update`` is the 0-based position of the update in its file.
+cluster (``silbo up``) holds now, with its matchers' partitioning and its fronts' documents.
+``--out`` gets one row per notification, ``(update, subscription)``: ``.parquet`` (written
+by Spark) or ``.jsonl`` (sorted by update, then subscription). ``update`` is the 0-based
+position of the update in its file.
 
 Progress goes to stderr, the summary to stdout. Bad input (a file that cannot be read, a
 line or a subscription that is not valid) is one line naming the file, the line or the
@@ -37,20 +42,19 @@ from broker.commands.admin import cluster_address
 from broker.commands.publish import positive_int
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
+from broker.coordination.http_subscriptions import kept_definitions
 from broker.coordination.membership import members
 from broker.errors import InvalidInput, MissingExtra, QuerySyntaxError, SilboError
 from broker.extras import require
 from broker.model.identifiers import DEFAULT_SCOPE, check_scope, check_tenant
 from broker.model.subscription import Subscription
-from broker.ngsi.allow import AllowList
-from broker.ngsi.subscriptions import HttpSubscription, parse_document
 from broker.partition.parts import unpack_part
 from broker.partition.selector import RendezvousSelector
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.token import call_metadata
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
-from broker.wire.convert import subscription_from_spec
+from spark_matcher.decisions import FrontSubscription
 from spark_matcher.entities import InputError
 
 __all__ = [
@@ -63,10 +67,9 @@ __all__ = [
     "run",
 ]
 
-HELP = "match a file of updates against subscriptions on Spark (docs/spark.md)"
+HELP = "the notifications a file of updates would have made, on Spark (docs/spark.md)"
 _PROG = "silbo replay"
 _FORMATS = (".parquet", ".jsonl")
-_ANY_URL = AllowList.parse(["*"])  # replay sends nothing: every notification URL is fine
 _SCOPE_FIELDS = ("tenant", "servicePath")
 _FIELD = re.compile(
     r"^((?:subject|notification|description|expires|status|throttling)(?:\.\w+|\[\d+\])*)"
@@ -88,7 +91,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--state-dir", type=Path, help="the subscriptions of a cluster started by silbo up"
     )
-    parser.add_argument("--out", required=True, type=Path, help="the matches: .parquet or .jsonl")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="the notifications: .parquet or .jsonl"
+    )
+    parser.add_argument(
+        "--initial-state",
+        type=Path,
+        default=None,
+        help="entities there before the first update (JSON lines or .parquet, as --updates)",
+    )
     parser.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     parser.add_argument(
         "--partitions",
@@ -109,7 +120,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- subscriptions --------------------------------------------------------------------------
 
 
-def read_subscriptions(path: Path) -> list[Subscription]:
+def read_subscriptions(path: Path) -> list[FrontSubscription]:
     """The subscriptions of a JSON array of NGSI v2 subscriptions (InputError otherwise)."""
     source = str(path)
     try:
@@ -123,7 +134,7 @@ def read_subscriptions(path: Path) -> list[Subscription]:
         raise InputError(source, line, "", f"not JSON: {exc}") from None
     if not isinstance(body, list):
         raise InputError(source, 0, "", "subscriptions must be a JSON array")
-    found: list[Subscription] = []
+    found: list[FrontSubscription] = []
     seen: set[str] = set()
     for index, document in enumerate(body):
         where = f"{source}: subscription {index}"
@@ -135,8 +146,8 @@ def read_subscriptions(path: Path) -> list[Subscription]:
     return found
 
 
-def _subscription(document: Any, where: str) -> Subscription:
-    """A subscription as the NGSI front would place it with the matchers."""
+def _subscription(document: Any, where: str) -> FrontSubscription:
+    """A subscription as the NGSI front would hold it (checked: it can be placed)."""
     if not isinstance(document, dict):
         raise InputError(where, 0, "", "a subscription must be a JSON object")
     subscription_id = document.get("id")
@@ -151,10 +162,10 @@ def _subscription(document: Any, where: str) -> Subscription:
     except InvalidInput as exc:
         raise InputError(where, 0, "servicePath", str(exc)) from None
     body = {k: v for k, v in document.items() if k not in _SCOPE_FIELDS}
+    front = FrontSubscription(subscription_id, tenant, scope, body)
     try:
-        parsed = parse_document(body, _ANY_URL)
-        spec = HttpSubscription(subscription_id, tenant, scope, parsed).spec()
-        return subscription_from_spec(spec, id=subscription_id, subscriber="0")
+        front.matched()
+        return front
     except SilboError as exc:
         field, reason = _field_of(exc)
         raise InputError(where, 0, field, reason) from None
@@ -178,15 +189,21 @@ def _field_of(exc: SilboError) -> tuple[str, str]:
     return (match.group(1), match.group(2)) if match else ("", text)
 
 
-def cluster_subscriptions(state_dir: Path) -> tuple[list[Subscription], Configuration]:
-    """What the matchers of the cluster ``silbo up --state-dir`` runs hold now, and the
-    configuration they hold it under."""
+def cluster_subscriptions(
+    state_dir: Path,
+) -> tuple[list[Subscription], list[FrontSubscription], Configuration]:
+    """What the matchers of the cluster ``silbo up --state-dir`` runs hold now, the HTTP
+    fronts' documents of those made over NGSI (as defined: the fronts keep them in
+    ZooKeeper), and the configuration the matchers hold them under."""
     where = argparse.Namespace(zk=None, cluster=None, state_dir=str(state_dir))
     hosts, cluster = cluster_address(where)
     client = connect(hosts, cluster=cluster, timeout=10.0)
     try:
         current = ClusterConfiguration(client).read()
         addresses = {m.name: m.address for m in members(client, "matcher")}
+        fronts = [
+            FrontSubscription(s.id, s.tenant, s.scope, s.document) for s in kept_definitions(client)
+        ]
     finally:
         client.stop()
         client.close()
@@ -198,7 +215,12 @@ def cluster_subscriptions(state_dir: Path) -> tuple[list[Subscription], Configur
         if name not in addresses:
             raise ReplayFailed(f"matcher {name} of cluster {cluster} is not running")
         found += _matcher_subscriptions(name, addresses[name], configuration.epoch)
-    return found, configuration
+    for front in fronts:
+        try:
+            front.held()
+        except SilboError as exc:  # the front took it: a document of another version?
+            raise ReplayFailed(f"the HTTP subscription {front.id} is not readable: {exc}") from None
+    return found, fronts, configuration
 
 
 def _matcher_subscriptions(name: str, address: str, epoch: int) -> list[Subscription]:
@@ -311,60 +333,103 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise InvalidInput(f"--out {args.out}: no directory {args.out.parent}")
     if args.state_dir is not None and args.partitions is not None:
         raise InvalidInput("--partitions goes with --subscriptions (a cluster has its matchers)")
-    updates = args.updates
-    if not updates.exists():
-        raise InputError(str(updates), 0, "", "no such file")
-    if updates.is_file():
+    for given in (args.updates, args.initial_state):
+        if given is not None:
+            _check_input(given)
+
+
+def _check_input(path: Path) -> None:
+    """InputError unless ``path`` is a readable file (or a Parquet directory)."""
+    if not path.exists():
+        raise InputError(str(path), 0, "", "no such file")
+    if path.is_file():
         try:
-            with updates.open("rb") as readable:
+            with path.open("rb") as readable:
                 readable.read(1)
         except OSError as exc:
-            raise InputError(str(updates), 0, "", exc.strerror or str(exc)) from None
-    elif updates.suffix != ".parquet":
-        raise InputError(str(updates), 0, "", "not a file")
+            raise InputError(str(path), 0, "", exc.strerror or str(exc)) from None
+    elif path.suffix != ".parquet":
+        raise InputError(str(path), 0, "", "not a file")
 
 
 def _replay(args: argparse.Namespace, progress: Progress) -> int:
     require("spark", "silbo replay")
     from spark_matcher import open_matcher
+    from spark_matcher.history import Clock
+    from spark_matcher.replay import MATCHED_FROM, apply_updates, notified
     from spark_matcher.session import spark_session
-    from spark_matcher.source import read_lines
 
     started = time.monotonic()
+    clock = Clock(time.time())  # updates without a time: 1 ms apart from now
     _check_paths(args)
     selector: RendezvousSelector | None = None
     if args.state_dir is not None:
         progress.step(f"reading the subscriptions of the cluster of {args.state_dir}")
-        subscriptions, configuration = cluster_subscriptions(args.state_dir)
+        subscriptions, fronts, configuration = cluster_subscriptions(args.state_dir)
         selector, partitions = configuration.selector, len(configuration.matchers)
     else:
         progress.step(f"reading subscriptions from {args.subscriptions}")
-        subscriptions, partitions = read_subscriptions(args.subscriptions), args.partitions or 1
+        fronts = read_subscriptions(args.subscriptions)
+        subscriptions, partitions = [f.matched() for f in fronts], args.partitions or 1
     progress.step("starting Spark")
     spark = spark_session(args.master)
-    progress.step(
-        f"planning {len(subscriptions)} subscriptions in {partitions} partitions "
-        f"(Spark master {spark.sparkContext.master}, method {args.method})"
-    )
-    with open_matcher(
-        spark, subscriptions, method=args.method, partitions=partitions, selector=selector
-    ) as matcher:
-        with progress.spark(spark, f"reading and checking {args.updates}"):
-            lines = read_lines(spark, args.updates)
-            frame = matcher.match_frame(lines, validate=True, source=str(args.updates))
-        with progress.spark(spark, f"matching and writing {args.out}"):
-            matches = _write(frame, args.out)
-        updates = lines.count()
+    with progress.spark(spark, f"reading and checking {args.updates}"):
+        lines = _read_checked(spark, args.updates)
+        initial = None
+        if args.initial_state is not None:
+            initial = _read_checked(spark, args.initial_state)
+    with progress.spark(spark, "applying the updates to their entities"):
+        stepped = apply_updates(
+            spark,
+            lines,
+            clock,
+            initial=initial,
+            source=str(args.updates),
+            initial_source=str(args.initial_state),
+        )
+    kept: list[Any] = [stepped]
+    try:
+        progress.step(
+            f"planning {len(subscriptions)} subscriptions in {partitions} partitions "
+            f"(Spark master {spark.sparkContext.master}, method {args.method})"
+        )
+        with (
+            open_matcher(
+                spark,
+                subscriptions,
+                method=args.method,
+                now=MATCHED_FROM,
+                partitions=partitions,
+                selector=selector,
+            ) as matcher,
+            progress.spark(spark, f"matching, deciding and writing {args.out}"),
+        ):
+            frame = notified(spark, matcher, stepped, {f.id: f for f in fronts}, kept)
+            count = _write(frame, args.out)
+        updates = stepped.count()
+    finally:
+        for frame_or_broadcast in kept:
+            frame_or_broadcast.unpersist()
     took = time.monotonic() - started
     print(
-        f"{updates} updates, {len(subscriptions)} subscriptions: {matches} matches "
+        f"{updates} updates, {len(subscriptions)} subscriptions: {count} notifications "
         f"written to {args.out} in {took:.1f} s"
     )
     return 0
 
 
+def _read_checked(spark: Any, path: Path) -> Any:
+    """The ``(update, text)`` lines of a file of updates, checked (InputError otherwise)."""
+    from spark_matcher.source import check_dates, check_lines, read_lines
+
+    lines = read_lines(spark, path)
+    check_lines(lines, source=str(path), timed=True)
+    check_dates(lines, source=str(path))
+    return lines
+
+
 def _write(frame: Any, out: Path) -> int:
-    """Write the matches, sorted; how many there were."""
+    """Write the notifications, sorted; how many there were."""
     ordered = frame.orderBy("update", "subscription")
     if out.suffix == ".parquet":
         ordered.write.mode("overwrite").parquet(str(out))

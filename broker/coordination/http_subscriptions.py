@@ -50,6 +50,7 @@ __all__ = [
     "Registry",
     "Stored",
     "heir",
+    "kept_definitions",
     "release_dead_front",
 ]
 
@@ -113,6 +114,38 @@ def release_dead_front(client: KazooClient, name: str) -> int:
         with contextlib.suppress(NoNodeError):
             client.delete(f"{FRONTS}/{name}")
     return released
+
+
+def kept_definitions(client: KazooClient) -> list[Stored]:
+    """Every subscription kept, as it was defined (its status left out: ``{}``), in id
+    order: a synchronous read for tools (``silbo replay --state-dir``), pipelined."""
+    with translated("read the HTTP subscriptions"):
+        try:
+            ids = sorted(client.get_children(SUBSCRIPTIONS))
+        except NoNodeError:
+            return []
+        found: list[Stored] = []
+        for start in range(0, len(ids), PIPELINE):
+            chunk = ids[start : start + PIPELINE]
+            pending = [client.get_async(f"{SUBSCRIPTIONS}/{i}") for i in chunk]
+            for subscription_id, result in zip(chunk, pending, strict=True):
+                try:
+                    data, _stat = result.get(timeout=CALL_TIMEOUT)
+                except NoNodeError:
+                    continue  # deleted meanwhile
+                path = f"{SUBSCRIPTIONS}/{subscription_id}"
+                body = _decode(path, data)
+                found.append(
+                    Stored(
+                        subscription_id,
+                        str(body["tenant"]),
+                        str(body["scope"]),
+                        dict(body["document"]),
+                        float(body["created"]),
+                        {},
+                    )
+                )
+    return found
 
 
 def _json(value: Any) -> bytes:

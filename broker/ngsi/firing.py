@@ -6,7 +6,8 @@ update did. :class:`Firing` keeps the front's subscriptions as arrays sorted by 
 decides with numpy: a *plain* subscription (active, no throttling, no expiry) fires when its
 rule does, and a rule (alteration types, condition attributes, notifyOnMetadataChange) is
 worked out once per entity of the batch (:meth:`Change.fires`); the others (oneshot,
-throttled, expiring, inactive) are decided one by one as Orion says (ngsi-v2.md section 3).
+throttled, expiring, inactive) are decided one by one as Orion says (ngsi-v2.md section 3),
+by :func:`fires_one` (which ``silbo replay`` uses for every pair: spark_matcher.decisions).
 A geographical subscription (``expression.georel``...) fires only if the entity published,
 whole after its update, has its location in the relation asked
 (:meth:`~broker.store.geo.GeoFilter.matches`): the matchers checked the selectors, ``q`` and
@@ -26,8 +27,9 @@ delivery worker's report made it inactive) is left out, and the arrays made agai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +42,7 @@ from broker.wire import client_pb2 as pb
 from broker.wire import internal_pb2 as wire
 from broker.wire.convert import value_from_wire
 
-__all__ = ["Fired", "Firing"]
+__all__ = ["Fired", "Firing", "fires_one"]
 
 Rule = tuple[tuple[Alteration, ...], tuple[str, ...], bool]
 _ONE_BY_ONE = -1  # a subscription's rule number when it is decided one by one
@@ -194,27 +196,13 @@ class Firing:
         depend on what fired before), doing their bookkeeping (``locations``: the entities'
         locations read so far, by index in the batch)."""
         for i in np.flatnonzero(rules == _ONE_BY_ONE).tolist():
-            subscription = self._subscriptions[at[i]]
-            p = subscription.parsed
-            if subscription.status not in ("active", "oneshot") or subscription.expired(now):
-                continue
-            last = subscription.last_notification
-            if p.throttling and last is not None and now - last < p.throttling:
-                continue
-            change = _change(batch, int(indexes[i]), changes)
-            if change.alteration not in p.alterations:
-                continue
-            if not change.fires(p.condition_attrs, p.notify_on_metadata):
-                continue
-            if p.geo is not None and not p.geo.matches(
-                _location(batch, int(indexes[i]), locations)
-            ):
-                continue
-            subscription.times_sent += 1
-            subscription.last_notification = now
-            if subscription.status == "oneshot":
-                subscription.status = "inactive"
-            fires[i] = True
+            index = int(indexes[i])
+            fires[i] = fires_one(
+                self._subscriptions[at[i]],
+                now,
+                partial(_change, batch, index, changes),
+                partial(_location, batch, index, locations),
+            )
 
     def _count(
         self, at: npt.NDArray[np.intp], fires: npt.NDArray[np.bool_], now: float
@@ -236,6 +224,38 @@ class Firing:
                 subscription.last_notification = now
             out.append((subscription, count))
         return out
+
+
+def fires_one(
+    subscription: HttpSubscription,
+    now: float,
+    change: Callable[[], Change],
+    location: Callable[[], Location | None],
+) -> bool:
+    """Whether one matched pair of ``subscription`` fires at ``now``, its bookkeeping done if
+    it does (``timesSent``, ``lastNotification``, a ``oneshot`` made ``inactive``). Pairs of
+    one subscription are decided in order: throttling and oneshot depend on what fired
+    before. ``change`` and ``location`` give the entity's change and location, read only
+    when needed. For a plain subscription it decides what :class:`Firing` decides in bulk
+    (``silbo replay`` decides every pair with it: spark_matcher.decisions)."""
+    p = subscription.parsed
+    if subscription.status not in ("active", "oneshot") or subscription.expired(now):
+        return False
+    last = subscription.last_notification
+    if p.throttling and last is not None and now - last < p.throttling:
+        return False
+    changed = change()
+    if changed.alteration not in p.alterations:
+        return False
+    if not changed.fires(p.condition_attrs, p.notify_on_metadata):
+        return False
+    if p.geo is not None and not p.geo.matches(location()):
+        return False
+    subscription.times_sent += 1
+    subscription.last_notification = now
+    if subscription.status == "oneshot":
+        subscription.status = "inactive"
+    return True
 
 
 def _location(

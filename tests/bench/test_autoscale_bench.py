@@ -32,11 +32,12 @@ def test_a_short_profile_is_scaled_out_and_nothing_is_lost_or_duplicated(tmp_pat
     assert summary["acknowledged"] == summary["published"] > 0, shown
     for key in ("oscillations", "over_provisioned_process_s", "under_provisioned_process_s"):
         assert isinstance(summary[key], int) and summary[key] >= 0, shown
-    assert summary["policy"]["metrics-window-s"] == "4" and summary["policy"]["matchers.max"] == "1"
+    assert summary["policy"]["metrics-window-s"] == "4" and summary["policy"]["matchers.max"] == "4"
+    assert summary["wrong_layer_decisions"] == 0, shown
     (step,) = summary["steps"]
     assert (step["t"], step["from_per_s"], step["to_per_s"]) == (6.0, 60.0, 240.0), shown
     grown = [d for d in summary["decisions"] if d["kind"] == "scale-out"]
-    assert grown and all(d["layer"] == "exit-points" for d in grown), shown
+    assert grown and all(d["layer"] == "exit-points" for d in summary["decisions"]), shown
     assert grown[0]["from"] == 1 and grown[0]["outcome"].startswith("completed"), shown
     assert {"t", "layer", "from", "to", "reason"} <= set(grown[0]), shown
     assert step["time_to_capacity_s"] is not None and step["time_to_capacity_s"] > 0, shown

@@ -8,7 +8,8 @@ about 250 updates a second, with short windows and at most 2 access points set t
 - the leader scales the access points out, 1 -> 2, recorded with its reason and outcome;
 - the leader is killed (SIGKILL) and a decision it recorded is left in flight: the standby
   leads once the killed one's session ends and carries that decision out (2 -> 3, the
-  maximum raised to 3 meanwhile);
+  maximum raised to 3 meanwhile); the killed one started again (as the supervisor does)
+  stands by;
 - pre-warming and its cancellation, as the leader carries them out, start an idle exit
   point (registered, outside the configuration) and stop it again;
 - ``silbo admin autoscale`` refuses bad knobs (exit 2, the problem named) and shows the
@@ -124,6 +125,12 @@ def test_the_leader_scales_out_and_a_standby_finishes_its_decision_in_flight(
             outcome
         )
         assert _access_points(configuration) == 3
+        # what the supervisor does: the killed controller is started again, and stands by
+        (said,) = cluster.restart_autoscalers()
+        assert f"(pid {leader.rsplit(':', 1)[1]}) exited with -9, restarted as pid" in said, said
+        wait_until(lambda: len(state.contenders()) == 2, 20, "the restarted one contends")
+        assert state.contenders()[0] == standby
+        assert cluster.restart_autoscalers() == []
         # pre-warming starts an idle exit point (registered, not serving); cancelling stops it
         live = LiveCluster(client, cluster.state_dir, ask_timeout=2.0)
         warmed = live.carry_out(Kind.PREWARM, "exit-points", 1, 2)

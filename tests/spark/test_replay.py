@@ -1,12 +1,16 @@
 """``silbo replay`` end to end, in-process on the session's Spark: W-IoT updates and
-subscriptions (rendered as Orion lists them) matched, compared with the reference matcher;
-both output formats, Parquet input, bad input, and the subscriptions of a real cluster."""
+subscriptions (rendered as Orion lists them) replayed, compared with the same passes in
+plain Python around the reference matcher (the updates applied in order to their
+entities, the matches decided as the front decides); both output formats,
+Parquet input, initial entities, bad input, and the subscriptions of a real cluster. The
+live broker is held to the same result in test_replay_live.py (with the join method too)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,9 @@ from broker.ngsi.subscriptions import HttpSubscription, parse_document
 from broker.partition.parts import unpack_part
 from broker.partition.selector import RendezvousSelector
 from broker.roles.matcher_dump import PART_SIZE, owned_parts
-from spark_matcher.entities import InputError, write_updates
+from spark_matcher.decisions import FrontSubscription, decided
+from spark_matcher.entities import InputError, update_from_json, update_to_json, write_updates
+from spark_matcher.history import Clock, steps
 
 SEED = 11
 
@@ -66,9 +72,38 @@ def workload() -> tuple[list[ContextUpdate], list[Subscription]]:
     return iot_updates(400, SEED, stations=40), iot_subscriptions(300, SEED, stations=40)
 
 
-def expected(updates: list[ContextUpdate], subscriptions: list[Subscription]) -> list[list[Any]]:
-    found = ReferenceMatcher(subscriptions).match_batch(updates)
-    return sorted([i, s] for i, ids in enumerate(found) for s in ids)
+def expected(
+    updates: list[ContextUpdate],
+    subscriptions: list[Subscription],
+    fronts: list[FrontSubscription] | None = None,
+    initial: Sequence[ContextUpdate] = (),
+) -> list[list[Any]]:
+    """The notifications of a replay, worked out in Python: the state pass, the reference
+    matcher on the entities published, the decision pass (``fronts``: the subscriptions'
+    documents; by default, those of ``subscriptions`` as :func:`ngsi` renders them)."""
+    if fronts is None:
+        fronts = [_front(s) for s in subscriptions]
+    rows = [(_key(u), True, n, json.dumps(update_to_json(u))) for n, u in enumerate(initial)]
+    rows += [(_key(u), False, n, json.dumps(update_to_json(u))) for n, u in enumerate(updates)]
+    rows.sort(key=lambda r: (r[0], not r[1], r[2]))
+    stepped = {row[0]: row for row in steps(Clock(time.time()), "u", "i")(rows)}
+    published = [n for n in sorted(stepped) if stepped[n][2] is not None]
+    entities = [update_from_json(json.loads(stepped[n][2])) for n in published]
+    found = ReferenceMatcher(subscriptions).match_batch(entities)
+    pairs = sorted((s, n) for n, ids in zip(published, found, strict=True) for s in ids)
+    decisions = [(s, n, stepped[n][1], *stepped[n][3:8]) for s, n in pairs]
+    held = {f.id: f for f in fronts}
+    return sorted([n, s] for n, s in decided(lambda: held)(decisions))
+
+
+def _key(update: ContextUpdate) -> str:
+    return repr((update.tenant, update.service_path, update.entity_id, update.entity_type))
+
+
+def _front(subscription: Subscription) -> FrontSubscription:
+    document = ngsi(subscription)
+    body = {k: v for k, v in document.items() if k not in ("tenant", "servicePath")}
+    return FrontSubscription(subscription.id, subscription.tenant, subscription.service_path, body)
 
 
 def write_inputs(
@@ -87,7 +122,7 @@ def replay(capsys: pytest.CaptureFixture[str], *arguments: str) -> tuple[int, st
     return status, captured.out, captured.err
 
 
-def test_jsonl_output_is_the_reference_matchers_sorted(
+def test_jsonl_output_is_the_python_replays_sorted(
     spark: Any,
     tmp_path: Path,
     workload: tuple[list[ContextUpdate], list[Subscription]],
@@ -105,11 +140,11 @@ def test_jsonl_output_is_the_reference_matchers_sorted(
     assert want, "the workload should match something"
     assert [[r["update"], r["subscription"]] for r in rows] == want
     assert set(rows[0]) == {"update", "subscription"}
-    assert f"400 updates, 300 subscriptions: {len(want)} matches" in stdout
+    assert f"400 updates, 300 subscriptions: {len(want)} notifications" in stdout
     assert "planning 300 subscriptions in 2 partitions" in stderr
 
 
-def test_parquet_input_and_output(
+def test_parquet_input_and_output_and_initial_entities(
     spark: Any,
     tmp_path: Path,
     workload: tuple[list[ContextUpdate], list[Subscription]],
@@ -118,15 +153,20 @@ def test_parquet_input_and_output(
     updates_file, subscriptions_file = write_inputs(tmp_path, workload)
     parquet_updates = tmp_path / "updates.parquet"
     spark.read.json(str(updates_file)).coalesce(1).write.parquet(str(parquet_updates))
+    initial = iot_updates(60, SEED + 1, stations=40)
+    initial_file = tmp_path / "initial.jsonl"
+    write_updates(initial, initial_file)
     out = tmp_path / "matches.parquet"
     status, _, stderr = replay(
         capsys, "--updates", str(parquet_updates), "--subscriptions", str(subscriptions_file),
-        "--out", str(out),
+        "--initial-state", str(initial_file), "--out", str(out),
     )  # fmt: skip
     assert status == 0, stderr
     written = spark.read.parquet(str(out))
     assert written.columns == ["update", "subscription"]
-    assert sorted([r[0], r[1]] for r in written.collect()) == expected(*workload)
+    want = expected(*workload, initial=initial)
+    assert sorted([r[0], r[1]] for r in written.collect()) == want
+    assert want != expected(*workload), "the initial entities should change something"
 
 
 def test_subscriptions_take_their_tenant_and_scope(tmp_path: Path) -> None:
@@ -136,13 +176,15 @@ def test_subscriptions_take_their_tenant_and_scope(tmp_path: Path) -> None:
     path = tmp_path / "subs.json"
     document = ngsi(subscription)
     path.write_text(json.dumps([document]))
-    [read] = read_subscriptions(path)
+    [front] = read_subscriptions(path)
+    assert (front.id, front.tenant, front.scope) == ("s1", "t1", "/a/#")
+    read = front.matched()
     assert (read.id, read.tenant, read.service_path, read.q) == ("s1", "t1", "/a/#", "x>1")
     assert read.entities == subscription.entities
     del document["tenant"], document["servicePath"]
     path.write_text(json.dumps([document]))
     [default] = read_subscriptions(path)
-    assert (default.tenant, default.service_path) == ("", "/#")
+    assert (default.tenant, default.scope) == ("", "/#")
 
 
 def _bad_subscriptions(tmp_path: Path, documents: Any) -> str:
@@ -188,6 +230,22 @@ def test_bad_input_is_one_line_and_exit_2(
     assert status == 2
     assert stderr.splitlines()[-1].startswith(f"silbo replay: error: {broken}: line 3: ")
     assert "Traceback" not in stderr
+
+    bad_time = tmp_path / "bad_time.jsonl"
+    bad_time.write_text("\n".join([*lines[:3], '{"id": "x", "time": "noon"}']) + "\n")
+    status, _, stderr = replay(capsys, "--updates", str(bad_time), *subs, "--out", out)
+    assert (status, stderr.splitlines()[-1]) == (
+        2,
+        f"silbo replay: error: {bad_time}: line 4: time: 'noon' is neither epoch seconds "
+        "nor an ISO 8601 date",
+    )  # read in the state pass
+    bad_time.write_text("\n".join([*lines[:1], '{"id": "x", "time": true}']) + "\n")
+    status, _, stderr = replay(capsys, "--updates", str(bad_time), *subs, "--out", out)
+    assert (status, stderr.splitlines()[-1]) == (
+        2,
+        f"silbo replay: error: {bad_time}: line 2: time: True is neither epoch seconds "
+        "nor an ISO 8601 date",
+    )  # checked natively
 
     bad_field = tmp_path / "bad_field.jsonl"
     bad_field.write_text("\n".join([*lines[:1], '{"id": "x", "servicePath": "nope"}']) + "\n")
@@ -255,7 +313,8 @@ def test_state_dir_replays_what_a_running_cluster_holds(
     assert status == 0, stderr
     assert "in 2 partitions" in stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [[r["update"], r["subscription"]] for r in rows] == expected(updates, subscriptions)
+    want = expected(updates, subscriptions, fronts=[])  # a gRPC client's: every match
+    assert [[r["update"], r["subscription"]] for r in rows] == want
     assert "300 subscriptions" in stdout
 
 
