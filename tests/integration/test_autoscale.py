@@ -130,6 +130,7 @@ def test_the_leader_scales_out_and_a_standby_finishes_its_decision_in_flight(
         assert f"(pid {leader.rsplit(':', 1)[1]}) exited with -9, restarted as pid" in said, said
         wait_until(lambda: len(state.contenders()) == 2, 20, "the restarted one contends")
         assert state.contenders()[0] == standby
+        restarted = state.contenders()[1]
         assert cluster.restart_autoscalers() == []
         # pre-warming starts an idle exit point (registered, not serving); cancelling stops it
         live = LiveCluster(client, cluster.state_dir, ask_timeout=2.0)
@@ -145,12 +146,12 @@ def test_the_leader_scales_out_and_a_standby_finishes_its_decision_in_flight(
     capsys.readouterr()
     assert _admin(cluster, "status") == 0
     shown = capsys.readouterr().out
-    assert f"on, leader {standby} (0 standby)" in shown
+    assert f"on, leader {standby} (1 standby)" in shown
     assert "access-points scale-out 1 -> 2: completed" in shown and "why: access-points" in shown
     assert cluster_status(cluster)["autoscaler"] == {
         "enabled": True,
         "leader": standby,
-        "standby": [],
+        "standby": [restarted],
     }
     assert _admin(cluster, "off") == 0
     assert "autoscaling of" in capsys.readouterr().out
