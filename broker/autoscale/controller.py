@@ -25,8 +25,10 @@ Every ``interval`` seconds the leading controller
      run, so theirs is skipped);
    - ``cancel-prewarm``: those idle processes are stopped.
 
-   The context stores are not observed (their scale moves partitions of entities: it stays
-   with ``silbo admin scale context-stores``).
+   The context stores are observed and scaled too, with their own scale protocol
+   (:func:`broker.cluster.operations.resize_store_layer`, as ``silbo admin scale
+   context-stores``: partitions of entities move); they are not pre-warmed (a store added
+   takes its partitions when the scale runs).
 
 One controller acts: each controller process contends in a ZooKeeper election
 (``/autoscale/leader``, :func:`contend`); the others stand by, and the first of them leads
@@ -60,6 +62,7 @@ from broker.cluster.operations import (
     ask_all,
     idle_members,
     prewarm,
+    resize_store_layer,
     retire_idle,
     scale_to,
 )
@@ -67,6 +70,8 @@ from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.coordinator import serving
 from broker.coordination.membership import members
 from broker.errors import SilboError
+from broker.roles.store_scaling import registrations
+from broker.store.layout import read_store_layout
 from broker.wire import internal_pb2 as wire
 
 __all__ = [
@@ -84,6 +89,7 @@ _log = logging.getLogger(__name__)
 SESSION_TIMEOUT = 4.0  # seconds: a killed leader's standby leads after about that long
 RESUME_WITHIN = 120.0  # seconds: an unfinished decision older than that is abandoned
 SCALE_TIMEOUT = 60.0
+STORE_LAYER = "context-stores"  # the layer scaled with its own protocol (not in ROLES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,12 +296,38 @@ class LiveCluster:
         if current is None:
             return None
         layers = {layer: serving(self._client, current.configuration, layer) for layer in ROLES}
+        stores = self._stores()
+        if stores:
+            layers[STORE_LAYER] = stores
         wanted = {name for names in layers.values() for name in names}
         found = [m for m in members(self._client) if m.name in wanted]
         return ClusterLook(layers, ask_all(found, timeout=self._ask_timeout))
 
+    def _stores(self) -> list[str]:
+        """The member names of the stores of the store layout (none: no store layer)."""
+        layout = read_store_layout(self._client)
+        if layout is None:
+            return []
+        found = registrations(self._client)
+        return [found[s].member for s in layout.stores if s in found]
+
+    def _carry_out_stores(self, kind: Kind, after: int) -> str:
+        if kind not in (Kind.SCALE_OUT, Kind.SCALE_IN):
+            return "skipped: context stores are not pre-warmed (one takes its share as it joins)"
+        layout = read_store_layout(self._client)
+        if layout is not None and len(layout.stores) == after and not layout.previous:
+            return f"completed: {STORE_LAYER} has {after} already"
+        outcome, old = resize_store_layer(self._client, self._local, after, SCALE_TIMEOUT)
+        message = f" ({outcome.message})" if outcome.message else ""
+        return (
+            f"{outcome.outcome}: {STORE_LAYER} {old} -> {after} in {outcome.duration_s:.2f} s, "
+            f"{outcome.moved_partitions} partitions moved{message}"
+        )
+
     def carry_out(self, kind: Kind, layer: str, before: int, after: int) -> str:
         """Do what a decision asks (module docstring); its outcome in words."""
+        if layer == STORE_LAYER:
+            return self._carry_out_stores(kind, after)
         role = ROLES[layer].value
         if kind in (Kind.SCALE_OUT, Kind.SCALE_IN):
             current = ClusterConfiguration(self._client).read()

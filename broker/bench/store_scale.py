@@ -18,7 +18,7 @@ write lost, reads keep answering, time grows with the moved data only". For each
    and a reader process GETs random entities through the HTTP front at ``--read-rate``;
 4. after ``--phase`` seconds, the store layer is scaled to each next count of ``--steps``,
    ``--phase`` seconds apart, by the code of ``silbo admin scale context-stores``
-   (broker.commands.store_scale.resize_store_layer: new stores started, the coordinator,
+   (broker.cluster.operations.resize_store_layer: new stores started, the coordinator,
    leaving stores stopped); ``--phase`` seconds after the last scale both stop;
 5. the oracle: every written entity read back through the cluster; its counter must equal
    its acknowledged increments (``lost``: acknowledged ones missing, ``doubled``: applied
@@ -73,7 +73,7 @@ from broker.bench.store_scale_load import (
 )
 from broker.bench.store_scale_report import plot, scale_figures, series_figures, timeline
 from broker.cluster import ClusterSpec, LocalCluster
-from broker.commands.store_scale import resize_store_layer
+from broker.cluster.operations import resize_store_layer
 from broker.coordination.client import connect
 from broker.coordination.embedded import free_port
 from broker.errors import SilboError

@@ -6,12 +6,15 @@
   ``silbo up`` (``local``: its state directory) missing processes are started first and
   leaving ones stopped after; registered idle ones (outside the configuration: started by
   an operator, or pre-warmed) are taken first, in registration order;
+- :func:`resize_store_layer`: the context store layer to N stores (its own scale protocol,
+  broker.roles.store_scaling), stores started and stopped likewise;
 - :func:`idle_members`, :func:`prewarm`, :func:`retire_idle`: processes that run and are
   registered but do not serve yet, as pre-warming makes them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +23,7 @@ import grpc
 from kazoo.client import KazooClient
 
 from broker.cluster.local import (
+    ClusterError,
     add_processes,
     read_cluster,
     registered_slots,
@@ -30,13 +34,31 @@ from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.coordinator import ScaleOutcome, scale_layer, serving
 from broker.coordination.membership import Member, members
 from broker.coordination.repair import repair_once
-from broker.errors import InvalidInput
+from broker.coordination.scale import ScaleInProgress
+from broker.errors import InvalidInput, SilboError
+from broker.roles.store_scaling import (
+    StoreScaleOutcome,
+    check_store_count,
+    registrations,
+    scale_stores,
+)
 from broker.runtime.options import Role
 from broker.runtime.token import call_metadata
+from broker.store.layout import SCALE, read_store_layout
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
-__all__ = ["ROLES", "ask_all", "idle_members", "prewarm", "retire_idle", "scale_to"]
+__all__ = [
+    "ROLES",
+    "ask_all",
+    "idle_members",
+    "prewarm",
+    "resize_store_layer",
+    "retire_idle",
+    "scale_to",
+]
+
+REGISTER_TIMEOUT = 30.0  # seconds for started stores to announce their store ids
 
 # the layers the scale protocol resizes (silbo admin scale's names) and their processes' role
 ROLES = {
@@ -147,3 +169,60 @@ def retire_idle(client: KazooClient, local: Path, layer: str, count: int) -> lis
     if leaving:
         retire_processes(local, leaving)
     return leaving
+
+
+def resize_store_layer(
+    client: KazooClient, local: Path | None, count: int, timeout: float
+) -> tuple[StoreScaleOutcome, int]:
+    """Scale the store layer to ``count`` stores, the processes of a ``silbo up`` cluster
+    (``local``: its state directory; None: an external one) started and stopped as the
+    module doc says; the outcome and the store count before. A SilboError if refused
+    (nothing changed, the stores it started stopped again). ``silbo bench store-scale``
+    scales through this too."""
+    started: list[str] = []  # member names of the stores this call started
+    try:
+        layout = check_store_count(read_store_layout(client), count)
+        if client.exists(SCALE):
+            raise ScaleInProgress("a scale of the context store layer is running")
+        old = list(layout.previous or layout.stores)
+        new, leaving = old[:count], old[count:]
+        if count > len(old):
+            new += _added(client, local, old, count - len(old), started)
+        outcome = scale_stores(client, new, timeout=timeout)
+        if local is not None:
+            members = {s: r.member for s, r in registrations(client).items()}
+            if outcome.outcome == "completed":
+                retire_processes(local, [members[s] for s in leaving if s in members])
+            elif started:
+                retire_processes(local, started)
+    except SilboError:
+        if local is not None and started:
+            retire_processes(local, started)
+        raise
+    return outcome, len(old)
+
+
+def _added(
+    client: KazooClient, local: Path | None, old: list[str], count: int, started: list[str]
+) -> list[str]:
+    """``count`` store ids to add: idle registered stores first, then stores started here
+    (their member names go to ``started``)."""
+    idle = sorted(s for s in registrations(client) if s not in old)
+    missing = count - len(idle)
+    if missing <= 0:
+        return idle[:count]
+    if local is None:
+        raise ClusterError(
+            f"{missing} more context stores must be running first (start them with "
+            "silbo run context-store --store-id ID)"
+        )
+    members = [m.name for m in add_processes(local, Role.CONTEXT_STORE, missing)]
+    started.extend(members)
+    deadline = time.monotonic() + REGISTER_TIMEOUT
+    while True:
+        ids = {r.member: s for s, r in registrations(client).items()}
+        if all(m in ids for m in members):
+            return idle + sorted(ids[m] for m in members)
+        if time.monotonic() > deadline:
+            raise ClusterError("the started context stores did not announce their store ids")
+        time.sleep(0.05)

@@ -11,7 +11,8 @@ about 250 updates a second, with short windows and at most 2 access points set t
   maximum raised to 3 meanwhile); the killed one started again (as the supervisor does)
   stands by;
 - pre-warming and its cancellation, as the leader carries them out, start an idle exit
-  point (registered, outside the configuration) and stop it again;
+  point (registered, outside the configuration) and stop it again; a scale-out of the
+  context stores (their own protocol) adds a store;
 - ``silbo admin autoscale`` refuses bad knobs (exit 2, the problem named) and shows the
   leader and the decisions; ``silbo admin status`` shows the autoscaler line.
 """
@@ -140,6 +141,16 @@ def test_the_leader_scales_out_and_a_standby_finishes_its_decision_in_flight(
         cancelled = live.carry_out(Kind.CANCEL_PREWARM, "exit-points", 2, 1)
         assert cancelled == "completed: 1 idle exit-point stopped", cancelled
         wait_until(lambda: len(members(client, "exit-point")) == 1, 10, "the idle one gone")
+        # the context stores: observed, and scaled with their own protocol (not pre-warmed)
+        look = live.look()
+        assert look is not None and len(look.layers["context-stores"]) == 1
+        (store,) = look.layers["context-stores"]
+        assert look.statuses[store].load.window > 0  # its load signals are read
+        grown = live.carry_out(Kind.SCALE_OUT, "context-stores", 1, 2)
+        assert grown.startswith("completed: context-stores 1 -> 2 in "), grown
+        look = live.look()
+        assert look is not None and len(look.layers["context-stores"]) == 2
+        assert live.carry_out(Kind.PREWARM, "context-stores", 2, 3).startswith("skipped: ")
     finally:
         client.stop()
         client.close()
