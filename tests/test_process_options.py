@@ -31,3 +31,14 @@ def test_internal_listen_is_for_connection_points_only(role: Role) -> None:
 def test_a_bad_internal_listener_is_refused() -> None:
     with pytest.raises(InvalidInput, match="--internal-listen"):
         ProcessOptions(Role.CONNECTION_POINT, zk="h:1", internal_listen="no-port")
+
+
+def test_history_is_for_context_stores_and_a_bad_retention_is_refused_with_the_rest() -> None:
+    with pytest.raises(InvalidInput, match="--history and --history-retention are for context"):
+        ProcessOptions(Role.MATCHER, zk="h:1", history=True)
+    with pytest.raises(InvalidInput, match=r"needs --store-dir.*raw='1x' is not a duration"):
+        ProcessOptions(Role.CONTEXT_STORE, zk="h:1", history_retention="raw=1x")
+    store = ProcessOptions(
+        Role.CONTEXT_STORE, zk="h:1", store_dir="/s", history=True, history_retention="raw=1d"
+    )
+    assert store.history

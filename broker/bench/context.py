@@ -4,6 +4,7 @@
                         [--duration S] [--windows K] [--write-entities N]
                         [--http-batch B] [--http-clients C] [--reads R]
                         [--query-entities N] [--query-runs K] [--entities N]
+                        [--history on|off]
                         [--quick] [--dir DIR] [--profile DIR] [--json] [--plot FILE.png]
 
 Every figure is measured on real processes: for each count n of ``--stores`` a local cluster
@@ -123,6 +124,7 @@ _PARAMETERS: Final = (
     "query_entities",
     "query_runs",
     "entities",
+    "history",
     "seed",
 )
 
@@ -220,6 +222,7 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
         http_port=_free_port(),
         state_dir=state,
         log_level="WARNING",
+        store_history=args.history == "on",
     )
     _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
     cluster = LocalCluster(spec)
@@ -822,6 +825,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--entities", type=non_negative, metavar="N",
         help="entities one store holds for the memory figures (default 1,000,000; "
         "--quick: 6,000; 0: skip)",
+    )  # fmt: skip
+    add(
+        "--history", choices=["on", "off"], default="off",
+        help="the stores record attribute history (default off; docs/history.md)",
     )  # fmt: skip
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
     add("--quick", action="store_true", help="a smoke run: small sizes, short phases")

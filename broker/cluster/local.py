@@ -134,6 +134,7 @@ class ClusterSpec:
     cors_origin: str = ""  # --cors-origin of every connection point ("": no CORS)
     cors_max_age: int = DEFAULT_MAX_AGE  # --cors-max-age of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
+    store_history: bool = False  # --history on of every context store (docs/history.md)
     # --max-rate of every process of a layer: (role value, items a second), capacity emulation
     max_rates: tuple[tuple[str, float], ...] = ()
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
@@ -233,6 +234,7 @@ class ChildOptions:
     cors_origin: str = ""
     cors_max_age: int = DEFAULT_MAX_AGE
     max_rates: tuple[tuple[str, float], ...] = ()  # (role value, --max-rate) per capped layer
+    store_history: bool = False  # context stores: --history on
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -251,6 +253,7 @@ class ChildOptions:
             spec.cors_origin,
             spec.cors_max_age,
             tuple(spec.max_rates),
+            spec.store_history,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,6 +272,7 @@ class ChildOptions:
             "cors_origin": self.cors_origin,
             "cors_max_age": self.cors_max_age,
             "max_rates": dict(self.max_rates),
+            "store_history": self.store_history,
         }
 
     @classmethod
@@ -295,6 +299,8 @@ class ChildOptions:
         if role is Role.CONTEXT_STORE:  # slot n is store n: same id, same directory
             store = store_id_of(number)
             extra += ["--store-dir", str(Path(self.store_root) / store), "--store-id", store]
+            if self.store_history:
+                extra += ["--history", "on"]
         if role is Role.CONNECTION_POINT and self.http_port is not None:
             http = self.http_port and self.http_port + number - 1
             extra += [

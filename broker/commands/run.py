@@ -8,7 +8,8 @@
         [--http-listen HOST:PORT [--notify-allow CIDR_OR_HOST ...] [--status-flush S]
          [--http-read-timeout S]]
                                                                       (connection points)
-        [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]]     (context stores)
+        [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]
+         [--history on|off] [--history-retention raw=7d,minute=14d,...]]   (context stores)
         [--max-rate N]                 (serve at most N items/s: capacity emulation)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
@@ -112,6 +113,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         choices=["", *ENGINES],
         help=f"context stores: the embedded storage of a new directory (default {DEFAULT_ENGINE})",
+    )
+    parser.add_argument(
+        "--history",
+        default="off",
+        choices=["on", "off"],
+        help="context stores: record the history of attributes, served as STH-Comet's API "
+        "(default off: it costs a write about twice its CPU; docs/history.md)",
+    )
+    parser.add_argument(
+        "--history-retention",
+        default="",
+        metavar="KIND=DURATION,...",
+        help="context stores: how long raw rows and the stored levels (minute, hour, day) are "
+        "kept: a duration (30s, 15m, 12h, 7d, 2w, 5y), off or forever "
+        "(default raw=7d,minute=14d,hour=180d,day=5y; docs/history.md)",
     )
     add_status_flush(parser)
     add_http_read_timeout(parser)
@@ -267,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
             store_dir=args.store_dir,
             store_id=args.store_id,
             store_engine=args.store_engine,
+            history=args.history == "on",
+            history_retention=args.history_retention,
             max_rate=args.max_rate,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts

@@ -174,6 +174,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_cors(parser)
     add_spark_offload(parser)
     parser.add_argument(
+        "--history",
+        default="off",
+        choices=["on", "off"],
+        help="the context stores record the history of attributes, served as STH-Comet's "
+        "API (default off: it costs a write about twice its CPU; docs/history.md)",
+    )
+    parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
     )
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
@@ -271,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
             cors_origin=args.cors_origin,
             cors_max_age=args.cors_max_age,
             spark_offload=args.spark_offload,
+            store_history=args.history == "on",
             replicas=args.replicas,
             autoscalers=2 if args.autoscale else 0,
             autoscale_interval=args.autoscale_interval,

@@ -3,7 +3,8 @@
 Writes go to the entity store (broker.store.client: the context store layer, or the front's
 own memory without one), which applies Orion's semantics and answers what each did; the
 front then publishes the whole entity with its change and answers once it is delivered.
-Reads (broker.ngsi.reads) ask the same store. Subscriptions are the broker's own.
+Reads (broker.ngsi.reads) ask the same store, and so does STH-Comet's history API
+(broker.ngsi.history). Subscriptions are the broker's own.
 Registrations (broker.ngsi.registrations) are kept in ZooKeeper; the attributes they register
 are read from and written to their context providers (broker.ngsi.forwarding).
 """
@@ -38,6 +39,7 @@ from broker.ngsi.entity import (
 from broker.ngsi.errors import NotServed, PartialUpdate
 from broker.ngsi.forwarding import Forwarded, Forwarder
 from broker.ngsi.front import ORION_VERSION, NgsiFront
+from broker.ngsi.history import History
 from broker.ngsi.reads import Reads
 from broker.ngsi.registrations import Registrations
 from broker.ngsi.request import (
@@ -144,6 +146,7 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)
     app.router.add_routes(Reads(routes.reader, routes.forwarder).routes())
+    app.router.add_routes(History(lambda: front.entities).routes())
     app.on_cleanup.append(routes.close)
 
 

@@ -1,13 +1,16 @@
 """The context store: one process of the layer that keeps the cluster's entities (issue 17).
 
 It serves ``ContextStore.Apply`` (a front's writes, answered with what each did once it is
-durable) and ``ContextStore.Query`` (its partitions' part of an entity or types query), over
-:class:`~broker.store.entities.Entities` on the embedded storage of its directory
-(``--store-dir``; RocksDB by default, broker.store.engine). It announces itself under
-``/stores/<store id>`` (broker.store.layout) and creates the store layout if the cluster has
-none. Every second it deletes the entities whose ``dateExpires`` passed in the partitions
-it is the primary of (reads never show them in between) and forgets the outcomes of writes
-older than ``WRITE_IDS_KEPT``.
+durable), ``ContextStore.Query`` (its partitions' part of an entity or types query) and
+``ContextStore.History`` (an attribute's history: broker.store.history, recorded in the
+writes' commits with ``--history on``), over :class:`~broker.store.entities.Entities` on
+the embedded storage of its directory (``--store-dir``; RocksDB by default,
+broker.store.engine). It announces itself under ``/stores/<store id>`` (broker.store.layout)
+and creates the store layout if the cluster has none. Every second it deletes the entities
+whose ``dateExpires`` passed in the partitions it is the primary of (reads never show them in
+between) and forgets the outcomes of writes older than ``WRITE_IDS_KEPT``; and it deletes
+the history past its retention of one partition it is the primary of (the next one each
+time: every partition in about four minutes).
 
 Replicas (broker.store.layout has the rules): each partition is held by ``replicas``
 stores; its primary applies its writes and answers its reads. A write is answered once it
@@ -73,12 +76,15 @@ from broker.store.engine import (
     open_engine,
 )
 from broker.store.entities import (
+    PARTITIONS,
     WRITE_IDS_KEPT,
     Entities,
     StoreFailed,
     key_partition,
     partition_of,
 )
+from broker.store.history import HistoryOptions
+from broker.store.history_query import HistoryQuery
 from broker.store.layout import (
     RECOVERING,
     SERVING,
@@ -166,7 +172,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             open_engine, options.store_engine or DEFAULT_ENGINE, directory / "data"
         )
         self._committer = GroupCommitter(self._engine)
-        self._entities = Entities(self._engine, self._committer)
+        history = HistoryOptions.parse(options.history_retention)
+        self._entities = Entities(
+            self._engine, self._committer, history, record_history=options.history
+        )
         zk = context.zk
         if await asyncio.to_thread(read_store_layout, zk) is None:
             await asyncio.to_thread(create_store_layout, zk, [self.store_id])
@@ -560,6 +569,33 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return wire.StoreAnswer(body=body)
 
+    async def History(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        entities = self._serving()
+        try:
+            query = HistoryQuery.from_wire(unpack(request.body))
+        except SilboError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a history query: {exc}")
+        partition = partition_of(query.tenant, query.entity_id)
+        if not self._primary_of(self._view(), partition):
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"store {self.store_id} is not the primary of partition {partition}",
+            )
+        load = self._load()
+        try:
+            await load.admit(1)
+            with load.working(1):
+                answer = await asyncio.to_thread(entities.read_history, query)
+            load.output(1)
+        except StoreFailed as exc:
+            self._fail(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except InvalidInput as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return wire.StoreAnswer(body=pack(answer))
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _serving(self) -> Entities:
@@ -603,6 +639,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
 
     async def _sweep(self) -> None:
         entities = self._serving()
+        turn = 0  # the partition whose history is swept next
         while True:
             await asyncio.sleep(EXPIRY_PERIOD)
             try:
@@ -621,6 +658,9 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                     partitions={p for p in range(count) if self._primary_of(view, p)},
                     replicate=replicate,
                 )
+                turn = (turn + 1) % PARTITIONS
+                if turn < count and self._primary_of(view, turn):
+                    await entities.forget_history(turn, replicate=replicate)
             except (StoreFailed, StorageError, SilboError) as exc:
                 self._fail(exc)
                 return

@@ -114,6 +114,16 @@ class StoreClient:
         found = await self._route(list(range(len(wanted))), wanted, call, whole=True)
         return list(dict.fromkeys(found.values()))
 
+    async def history(self, partition: int, body: bytes) -> bytes:
+        """The answer of ``partition``'s primary to a history query (``History``)."""
+
+        async def call(store: str, indexes: list[int]) -> list[bytes]:
+            del indexes  # the one query
+            return [await self._call(store, "History", body)]
+
+        found = await self._route([0], [partition], call, whole=True)
+        return found[0]
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _layout(self) -> StoreLayout:

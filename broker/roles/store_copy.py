@@ -140,5 +140,5 @@ class Copier:
 
 
 def keys_of(entities: Entities, partitions: list[int]) -> list[bytes]:
-    """The keys of these partitions (documents and expiry index)."""
+    """The keys of these partitions (documents, write outcomes, history, expiry index)."""
     return [key for key, _value in entities.partition_items(partitions)]

@@ -10,6 +10,7 @@ from broker.addresses import parse_address
 from broker.errors import InvalidInput
 from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
+from broker.store.history import HistoryOptions
 
 # seconds a dead connection point's sessions can be resumed: its deliveries are kept that
 # long once it became unreachable, and the matchers match its subscriptions that long after
@@ -63,7 +64,10 @@ class ProcessOptions:
     ``store_dir`` (context stores, required) is the directory a store keeps its entities in,
     ``store_id`` its stable id (default: the one the directory records, else ``store-`` and
     the directory's name), ``store_engine`` the embedded storage of a new directory
-    (broker.store.engine; an existing one keeps its own).
+    (broker.store.engine; an existing one keeps its own); ``history`` whether it records the
+    history of its entities' attributes, ``history_retention`` how long it keeps raw rows
+    and each level (broker.store.history: ``raw=7d,minute=14d,...``; '' for the defaults),
+    recording or not.
     ``max_rate``: the process takes in at most that many data-path items a second (0: no
     cap), to emulate a process of that capacity (broker.runtime.load; docs/autoscaling.md).
     """
@@ -90,6 +94,8 @@ class ProcessOptions:
     store_dir: str = ""
     store_id: str = ""
     store_engine: str = ""
+    history: bool = False
+    history_retention: str = ""
     max_rate: float = 0.0
 
     def __post_init__(self) -> None:
@@ -136,6 +142,12 @@ class ProcessOptions:
             self.role is not Role.CONTEXT_STORE
         ):
             problems.append("--store-dir, --store-id and --store-engine are for context stores")
+        if (self.history_retention or self.history) and self.role is not Role.CONTEXT_STORE:
+            problems.append("--history and --history-retention are for context stores")
+        try:
+            HistoryOptions.parse(self.history_retention)
+        except InvalidInput as exc:
+            problems.append(str(exc))
         if not 0 <= self.session_grace <= MAX_SESSION_GRACE:
             problems.append(
                 f"--session-grace must be 0 to {MAX_SESSION_GRACE:g} seconds, "

@@ -4,7 +4,10 @@
   commits);
 - ``broker.store.semantics``: Orion's write semantics on one entity (what a write leaves,
   what it changed), pure functions;
-- ``broker.store.operators``: the update operators (``$inc``, ``$push``...) on one value.
+- ``broker.store.operators``: the update operators (``$inc``, ``$push``...) on one value;
+- ``broker.store.history_fold``: how a change becomes history (raw rows, level slots), pure
+  functions; ``broker.store.history``: that history kept in the writes' commits;
+  ``broker.store.history_query``: read back (docs/history.md).
 
 docs/context-store.md says what is built and how the rest is designed.
 """

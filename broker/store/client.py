@@ -14,9 +14,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from broker.store.entities import Entities, MemoryEngine
+from broker.store.history import HistoryOptions
+from broker.store.history_query import HistoryQuery
 from broker.store.reading import answer_query
 from broker.store.semantics import Applied
-from broker.store.wire import Intent
+from broker.store.wire import Intent, pack, unpack
 
 __all__ = ["EntityStore", "LocalEntities"]
 
@@ -33,6 +35,11 @@ class EntityStore(Protocol):
         together cover ``partitions`` (None: every partition), each partition once."""
         ...
 
+    async def history(self, partition: int, body: bytes) -> bytes:
+        """The answer to a history query (broker.store.history_query, packed) of an entity of
+        ``partition``."""
+        ...
+
     async def close(self) -> None:
         """Release what it holds."""
         ...
@@ -41,8 +48,8 @@ class EntityStore(Protocol):
 class LocalEntities:
     """A front's entities in its own memory (see the module doc)."""
 
-    def __init__(self) -> None:
-        self.entities = Entities(MemoryEngine())
+    def __init__(self, history: HistoryOptions | None = None) -> None:
+        self.entities = Entities(MemoryEngine(), history=history)
 
     async def apply(self, intents: Sequence[Intent]) -> list[Applied]:
         """Apply the writes in memory."""
@@ -51,6 +58,11 @@ class LocalEntities:
     async def parts(self, kind: str, query: Any, partitions: Iterable[int] | None) -> list[bytes]:
         """The one part: every entity this front holds (in those partitions)."""
         return [answer_query(self.entities, kind, query, partitions, time.time())]
+
+    async def history(self, partition: int, body: bytes) -> bytes:
+        """The history this front's own writes recorded."""
+        del partition  # every partition is here
+        return pack(self.entities.read_history(HistoryQuery.from_wire(unpack(body))))
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -123,6 +123,13 @@ class Engine(Protocol):
         in key order, from one snapshot."""
         ...
 
+    def scan_back(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs whose key starts with ``prefix`` and precedes ``before``, in reverse key
+        order, from one snapshot (the last rows of a history)."""
+        ...
+
     def count(self) -> int:
         """How many keys are stored."""
         ...
@@ -243,6 +250,30 @@ class LmdbEngine:
         except lmdb.Error as exc:
             raise StorageError(f"LMDB scan failed: {exc}") from exc
 
+    def scan_back(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs under ``prefix`` before ``before``, in reverse key order, one snapshot."""
+        self._check_open()
+        limit = self.max_key_size or 0
+        if len(prefix) > limit:
+            return
+        end = _prefix_end(prefix)
+        bound = before if before is not None and (end is None or before < end) else end
+        try:
+            with self._env.begin() as txn, txn.cursor() as cursor:
+                placed = cursor.set_range(bound[:limit]) if bound is not None else False
+                if not placed and not cursor.last():
+                    return
+                for key, value in cursor.iterprev():
+                    if bound is not None and key >= bound:
+                        continue
+                    if not key.startswith(prefix):
+                        return
+                    yield key, value
+        except lmdb.Error as exc:
+            raise StorageError(f"LMDB scan failed: {exc}") from exc
+
     def count(self) -> int:
         """How many keys are stored (LMDB keeps the count: no scan)."""
         self._check_open()
@@ -352,6 +383,27 @@ class RocksdbEngine:
                 if key == start_after:  # only the first can be
                     continue
                 if not key.startswith(prefix):  # past the upper bound, when there is none
+                    return
+                yield key, value
+        except Exception as exc:
+            raise StorageError(f"RocksDB scan failed: {exc}") from exc
+
+    def scan_back(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs under ``prefix`` before ``before``, in reverse key order, one snapshot."""
+        self._check_open()
+        end = _prefix_end(prefix)
+        bound = before if before is not None and (end is None or before < end) else end
+        try:
+            items = cast(
+                Iterator[tuple[bytes, bytes]],
+                self._db.items(backwards=True, from_key=bound, read_opt=rocksdict.ReadOptions()),
+            )
+            for key, value in items:  # from the last key at or before the bound
+                if bound is not None and key >= bound:
+                    continue
+                if not key.startswith(prefix):
                     return
                 yield key, value
         except Exception as exc:

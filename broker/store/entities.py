@@ -21,6 +21,10 @@ answered with the first outcome, never applied twice (``$inc`` is not idempotent
 outcomes are keys of their partition, so they move with it (recovery, a scale) and a new
 primary knows them too.
 
+History (broker.store.history, when recorded): each write's raw rows and level slots are
+staged with it, in its commit, under ``h``, the partition and the document key's parts:
+keys of the entity's partition too, so they are replicated, copied and dropped with it.
+
 Order and concurrency: writes are applied one at a time on the event loop, in the order
 they arrive; their commits are grouped (one fsync for many writes). A write reads the
 entity as the writes before it left it, committed or not (:attr:`Entities._pending`), so two
@@ -46,6 +50,8 @@ import msgpack
 from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.store.engine import Engine, GroupCommitter, StorageError
+from broker.store.history import HISTORY_SPACE, HistoryLog, HistoryOptions
+from broker.store.history_query import HistoryQuery, answer_history
 from broker.store.index import DocumentKey, EntityIndex
 from broker.store.semantics import Applied, Document, Mode, apply
 from broker.store.wire import Intent, applied_of, result_row
@@ -68,6 +74,7 @@ PARTITIONS: Final = 256  # fixed: a store layout divides these among the store p
 _DOCUMENTS: Final = b"d"
 _EXPIRY: Final = b"x"
 _WRITES: Final = b"w"  # w, partition, write id (8 bytes of ms, 8 random): the outcome
+_PARTITIONED: Final = (_DOCUMENTS, _WRITES, HISTORY_SPACE)  # keys that begin with their partition
 _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
@@ -86,9 +93,9 @@ def new_write_id(now: float | None = None) -> bytes:
 
 
 def key_partition(key: bytes) -> int | None:
-    """The partition of a document, write-outcome or expiry-index key (None: a key of
-    every partition)."""
-    if key[:1] == _DOCUMENTS or key[:1] == _WRITES:
+    """The partition of a document, write-outcome, history or expiry-index key (None: a
+    key of every partition)."""
+    if key[:1] in _PARTITIONED:
         return int.from_bytes(key[1:3], "big")
     if key[:1] == _EXPIRY:
         return int.from_bytes(key[10:12], "big")
@@ -182,9 +189,18 @@ class _Staged:
 
 
 class Entities:
-    """The entities of one engine (module doc). One event loop uses it."""
+    """The entities of one engine (module doc), and their history (broker.store.history):
+    with ``history`` its writes record it if ``record_history``, and :meth:`forget_history`
+    ages out what is stored, recorded or not. One event loop uses it."""
 
-    def __init__(self, engine: Engine, committer: GroupCommitter | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        committer: GroupCommitter | None = None,
+        history: HistoryOptions | None = None,
+        *,
+        record_history: bool = True,
+    ) -> None:
         self._engine = engine
         self._committer = committer
         # key: (ticket, value, document), for writes applied but not committed yet
@@ -198,6 +214,8 @@ class Entities:
         self._failed: BaseException | None = None
         # what list queries read (broker.store.indexed), kept by every commit below
         self.index = EntityIndex(_key_of, _split_key)
+        self.history = HistoryLog(engine, history) if history is not None else None
+        self._recording = self.history if record_history else None
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -255,6 +273,8 @@ class Entities:
         """Make what a primary shipped durable here (a backup's writes: states, not requests,
         so a backup applies nothing and cannot diverge)."""
         self._check_serving()
+        if self.history is not None:
+            self.history.forget([*(k for k, _v in puts), *deletes])
         await self._commit(_Staged(puts=list(puts), deletes=list(deletes)))
 
     def apply_now(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
@@ -273,6 +293,8 @@ class Entities:
         """The commit of ``staged`` ended: release its pending documents and write ids."""
         for key, ticket in staged.tickets:
             self._release(key, ticket)
+            if self.history is not None:
+                self.history.release(ticket)
         for write_id in staged.ids:
             self._staged.pop(write_id)[2].set()
 
@@ -305,7 +327,10 @@ class Entities:
                 staged.ids.append(intent.write_id)
                 staged.puts.append((_outcome_key(intent), msgpack.packb(row)))
             if applied.modified and key is not None:
-                staged.tickets.append((key, self._hold(key, value, document)))
+                ticket = self._hold(key, value, document)
+                staged.tickets.append((key, ticket))
+                if self._recording is not None:
+                    self._recording.stage(key, applied, ticket, staged.puts, staged.deletes)
                 if value is None:
                     staged.delete(key)
                 else:
@@ -345,6 +370,32 @@ class Entities:
         if old:
             self._engine.commit([], old)
         return len(old)
+
+    def read_history(self, query: HistoryQuery) -> list[Any]:
+        """The committed history of one attribute (broker.store.history_query's answer)."""
+        self._check_serving()
+        key = document_key(query.tenant, query.service_path, query.entity_id, query.entity_type)
+        return answer_history(self._engine, key, query)
+
+    async def forget_history(
+        self, partition: int, now: float | None = None, replicate: Replicate | None = None
+    ) -> int:
+        """Delete the history of a partition past its retention (the store's sweep, for the
+        attributes no longer written); how many keys went. Deletes are writes (``replicate``d)."""
+        self._check_serving()
+        if self.history is None:
+            return 0
+        moment = time.time() if now is None else now
+        prefix = HISTORY_SPACE + partition.to_bytes(2, "big")
+        gone = await asyncio.to_thread(self.history.expired, prefix, moment)
+        if gone:
+            self.history.forget(gone)
+            staged = _Staged(deletes=gone)
+            if replicate is not None:
+                await asyncio.gather(self._commit(staged), replicate([], gone))
+            else:
+                await self._commit(staged)
+        return len(gone)
 
     def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None, bytes | None]:
         """What the write does, its document's key, and the document's bytes before it."""
@@ -478,12 +529,12 @@ class Entities:
         return self._engine.get_many(keys)
 
     def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
-        """The committed keys and values of these partitions' documents, write outcomes and
-        expiry index (what a recovering backup copies)."""
+        """The committed keys and values of these partitions' documents, write outcomes,
+        history and expiry index (what a recovering backup copies)."""
         wanted = set(partitions)
         for partition in sorted(wanted):
-            yield from self._engine.scan(_partition_prefix(partition))
-            yield from self._engine.scan(_WRITES + partition.to_bytes(2, "big"))
+            for space in _PARTITIONED:
+                yield from self._engine.scan(space + partition.to_bytes(2, "big"))
         for key, value in self._engine.scan(_EXPIRY):
             if key_partition(key) in wanted:
                 yield key, value
@@ -566,6 +617,17 @@ class MemoryEngine:
             if key != start_after:
                 found.append((key, self._values[key]))
             index += 1
+        return iter(found)
+
+    def scan_back(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs under ``prefix`` before ``before``, in reverse key order (a snapshot)."""
+        end = bisect.bisect_left(self._keys, before) if before is not None else len(self._keys)
+        found = []
+        for key in reversed(self._keys[bisect.bisect_left(self._keys, prefix) : end]):
+            if key.startswith(prefix):
+                found.append((key, self._values[key]))
         return iter(found)
 
     def count(self) -> int:

@@ -535,6 +535,11 @@ class ContextStoreStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/broker.wire.ContextStore/History',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
         self.Replicate = channel.unary_unary(
                 '/broker.wire.ContextStore/Replicate',
                 request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
@@ -564,6 +569,14 @@ class ContextStoreServicer:
 
     def Query(self, request, context):
         """The part of an entity query (or a types query) this store's partitions answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """The history of one attribute of an entity of a partition this store is the primary of:
+        its raw rows or a level's slots (broker.store.history_query).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -602,6 +615,11 @@ def add_ContextStoreServicer_to_server(servicer, server):
             ),
             'Query': grpc.unary_unary_rpc_method_handler(
                     servicer.Query,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
             ),
@@ -673,6 +691,33 @@ class ContextStore:
             request,
             target,
             '/broker.wire.ContextStore/Query',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/History',
             broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
             broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
             options,

@@ -43,6 +43,14 @@ def test_options_survive_cluster_json_and_old_files_read_as_the_defaults() -> No
     assert ChildOptions.from_dict({"log_level": "ERROR", "unknown": 1}).log_level == "ERROR"
 
 
+def test_history_on_reaches_the_context_stores_only() -> None:
+    options = ChildOptions(store_root="/s", store_history=True)
+    assert options.arguments(Role.CONTEXT_STORE, 1)[-2:] == ["--history", "on"]
+    assert "--history" not in options.arguments(Role.MATCHER, 1)
+    assert "--history" not in ChildOptions(store_root="/s").arguments(Role.CONTEXT_STORE, 1)
+    assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+
+
 def test_cors_reaches_the_connection_points_only_when_asked_for() -> None:
     options = ChildOptions(http_port=0, cors_origin="__ALL", cors_max_age=600)
     arguments = options.arguments(Role.CONNECTION_POINT, 1)

@@ -2,7 +2,8 @@
 
 - Writes spread over two HTTP fronts read back identically through both, with two store
   processes (the partitions divided between them), and again after the cluster stops and
-  starts on the same state directory.
+  starts on the same state directory; so does the history the stores recorded of them
+  (STH-Comet's ``lastN``, docs/history.md).
 - A PATCH through the front that did not create the entity finds it; a subscription whose
   ``q`` names an attribute the update did not carry fires whichever front took the update.
 - kill -9 of a store: writes of its partitions wait, then answer 503 (never a 2xx for a
@@ -101,7 +102,8 @@ def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restar
     name = f"cs-{uuid.uuid4().hex[:8]}"
     rng = random.Random(7)
     model: dict[str, dict[str, Any]] = {}  # the test's own model of what Orion would store
-    with LocalCluster(_spec(zookeeper, state, name)) as cluster:
+    history: dict[str, list[int]] = {}  # each entity's values of t, as they changed
+    with LocalCluster(_spec(zookeeper, state, name, store_history=True)) as cluster:
         a, b = _fronts(cluster.description, cluster)
         for i in range(120):
             front = rng.choice((a, b))
@@ -112,11 +114,13 @@ def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restar
                 _ok(front.call("POST", "/v2/entities?options=upsert", body))
                 model.setdefault(entity_id, {"id": entity_id, "type": "Room"})
                 model[entity_id]["t"] = {"type": "Number", "value": value, "metadata": {}}
+                _changed(history.setdefault(entity_id, []), value)
             elif rng.random() < 0.5:
                 # PATCH without a type, through either front: the store finds the entity
                 patch = {"t": {"type": "Number", "value": value}}
                 _ok(front.call("PATCH", f"/v2/entities/{entity_id}/attrs", patch))
                 model[entity_id]["t"] = {"type": "Number", "value": value, "metadata": {}}
+                _changed(history[entity_id], value)
             else:
                 inc = {"n": {"type": "Number", "value": {"$inc": 1}}}
                 _ok(front.call("POST", f"/v2/entities/{entity_id}/attrs", inc))
@@ -134,9 +138,28 @@ def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restar
         assert counted.headers.get("Fiware-Total-Count") == str(len(expected))
         types = a.call("GET", "/v2/types")
         assert types.status == 200 and [t["type"] for t in types.body] == ["Room"]
-    with LocalCluster(_spec(zookeeper, state, name, connection_points=1)) as cluster:
+        assert _history(b, some["id"]) == history[some["id"]]
+    with LocalCluster(
+        _spec(zookeeper, state, name, connection_points=1, store_history=True)
+    ) as cluster:
         (again,) = _fronts(cluster.description, cluster)
         assert _entities(again) == expected
+        assert {e: _history(again, e) for e in history} == history  # durable, as the entities
+
+
+def _changed(values: list[int], value: int) -> None:
+    """Record ``value`` as a change of t (a write of the same value changes nothing)."""
+    if not values or values[-1] != value:
+        values.append(value)
+
+
+def _history(front: Front, entity_id: str) -> list[int]:
+    """The values of t the stores recorded for ``entity_id``, oldest first."""
+    path = f"/STH/v1/contextEntities/type/Room/id/{entity_id}/attributes/t?lastN=100"
+    answer = front.call("GET", path)
+    assert answer.status == 200, answer
+    rows = answer.body["contextResponses"][0]["contextElement"]["attributes"][0]["values"]
+    return [row["attrValue"] for row in rows]
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,9 +44,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from strategies import examples
 
+from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.ngsi.front import NgsiFront
 from broker.ngsi.routes import add_routes
-from ngsi.conftest import Front
+from ngsi.conftest import Front, started_front
 
 DESCRIPTION = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 SERVED = Path("broker") / "ngsi" / "openapi.json"
@@ -122,6 +124,16 @@ def _cases(operation: Operation, known: dict[str, str]) -> st.SearchStrategy[Cas
             for parameters in ([None, named] if named else [None])
         ),
     )
+
+
+@pytest.fixture(scope="module")
+def front(
+    zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Front]:
+    """The module's cluster, its context store recording history (so that the history
+    operations answer rows and points, not only empty pages)."""
+    with started_front(zookeeper, tmp_path_factory, "openapi", store_history=True) as served:
+        yield served
 
 
 @pytest.fixture

@@ -229,6 +229,14 @@ def test_scans_match_a_sorted_dict(
             assert list(engine.scan(prefix)) == sorted(
                 (k, v) for k, v in model.items() if k.startswith(prefix)
             )
+            before = start_after  # the same bounds, the other way
+            backwards = sorted(
+                ((k, v) for k, v in model.items() if k.startswith(prefix)), reverse=True
+            )
+            assert list(engine.scan_back(prefix)) == backwards
+            assert list(engine.scan_back(prefix, before)) == [
+                (k, v) for k, v in backwards if before is None or k < before
+            ]
         assert engine.get_many(list(model)) == list(model.values())
         engine.close()
 
@@ -309,6 +317,11 @@ class _Recording:
         self, prefix: bytes, start_after: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         return self.inner.scan(prefix, start_after)
+
+    def scan_back(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return self.inner.scan_back(prefix, before)
 
     def count(self) -> int:
         return self.inner.count()
