@@ -3,7 +3,8 @@ subscriptions (rendered as Orion lists them) replayed, compared with the same pa
 plain Python around the reference matcher (the updates applied in order to their
 entities, the matches decided as the front decides); both output formats,
 Parquet input, initial entities, bad input, and the subscriptions of a real cluster. The
-live broker is held to the same result in test_replay_live.py (with the join method too)."""
+live broker is held to the same result in test_replay_live.py (the join method matches as
+the engine does: test_matching.py)."""
 
 from __future__ import annotations
 
