@@ -82,6 +82,7 @@ from broker.runtime.options import (
     Role,
     max_rate_problem,
 )
+from broker.store.history import HistoryOptions
 from broker.store.layout import create_store_layout
 
 __all__ = [
@@ -135,6 +136,7 @@ class ClusterSpec:
     cors_max_age: int = DEFAULT_MAX_AGE  # --cors-max-age of every connection point
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     store_history: bool = False  # --history on of every context store (docs/history.md)
+    history_retention: str = ""  # their --history-retention ('': the defaults)
     # --max-rate of every process of a layer: (role value, items a second), capacity emulation
     max_rates: tuple[tuple[str, float], ...] = ()
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
@@ -189,6 +191,11 @@ class ClusterSpec:
         if self.peer_hang_after < 0:
             problems.append(f"--peer-hang-after must not be negative, not {self.peer_hang_after}")
         problems.extend(max_rates_problems(self.max_rates))
+        if self.history_retention:
+            try:
+                HistoryOptions.parse(self.history_retention)
+            except InvalidInput as exc:
+                problems.append(f"--history-retention: {exc}")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
         if not self.http_read_timeout > 0:
@@ -235,6 +242,7 @@ class ChildOptions:
     cors_max_age: int = DEFAULT_MAX_AGE
     max_rates: tuple[tuple[str, float], ...] = ()  # (role value, --max-rate) per capped layer
     store_history: bool = False  # context stores: --history on
+    history_retention: str = ""  # context stores: --history-retention ('': the defaults)
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -254,6 +262,7 @@ class ChildOptions:
             spec.cors_max_age,
             tuple(spec.max_rates),
             spec.store_history,
+            spec.history_retention,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -273,6 +282,7 @@ class ChildOptions:
             "cors_max_age": self.cors_max_age,
             "max_rates": dict(self.max_rates),
             "store_history": self.store_history,
+            "history_retention": self.history_retention,
         }
 
     @classmethod
@@ -301,6 +311,8 @@ class ChildOptions:
             extra += ["--store-dir", str(Path(self.store_root) / store), "--store-id", store]
             if self.store_history:
                 extra += ["--history", "on"]
+            if self.history_retention:
+                extra += ["--history-retention", self.history_retention]
         if role is Role.CONNECTION_POINT and self.http_port is not None:
             http = self.http_port and self.http_port + number - 1
             extra += [

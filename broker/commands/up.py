@@ -181,6 +181,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "API (default off: it costs a write about twice its CPU; docs/history.md)",
     )
     parser.add_argument(
+        "--history-retention",
+        default="",
+        metavar="KIND=DURATION,...",
+        help="how long the context stores keep raw rows and the stored levels (minute, hour, "
+        "day): a duration (30s, 15m, 12h, 7d, 2w, 5y), off or forever "
+        "(default raw=7d,minute=14d,hour=180d,day=5y; docs/history.md)",
+    )
+    parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
     )
     parser.add_argument("--cluster", default=DEFAULT_CLUSTER, help="the cluster's name")
@@ -279,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
             cors_max_age=args.cors_max_age,
             spark_offload=args.spark_offload,
             store_history=args.history == "on",
+            history_retention=args.history_retention,
             replicas=args.replicas,
             autoscalers=2 if args.autoscale else 0,
             autoscale_interval=args.autoscale_interval,

@@ -49,6 +49,10 @@ def test_history_on_reaches_the_context_stores_only() -> None:
     assert "--history" not in options.arguments(Role.MATCHER, 1)
     assert "--history" not in ChildOptions(store_root="/s").arguments(Role.CONTEXT_STORE, 1)
     assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+    kept = ChildOptions(store_root="/s", history_retention="raw=1d")
+    assert kept.arguments(Role.CONTEXT_STORE, 1)[-2:] == ["--history-retention", "raw=1d"]
+    assert "--history-retention" not in kept.arguments(Role.EXIT_POINT, 1)
+    assert ChildOptions.from_dict(json.loads(json.dumps(kept.to_dict()))) == kept
 
 
 def test_cors_reaches_the_connection_points_only_when_asked_for() -> None:

@@ -84,6 +84,7 @@ def matcher_names(description: dict[str, Any]) -> set[str]:
         ({"log_level": "chatty"}, "--log-level chatty is not a logging level"),
         ({"zk": " "}, "--zk must name HOST:PORT"),
         ({"cluster": ".."}, "is not usable as a znode name"),
+        ({"history_retention": "raw=soon"}, "--history-retention: "),
     ],
 )
 def test_a_spec_refuses_what_cannot_start(fields: dict[str, Any], message: str) -> None:
