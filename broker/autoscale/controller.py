@@ -42,13 +42,14 @@ before deciding anything itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
@@ -205,9 +206,13 @@ class Autoscaler:
         identity: str,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        record: TextIO | None = None,
     ) -> None:
+        """``record``: where each round's observation, policy and decisions go, one JSON
+        object a line (``silbo autoscaler --record``: a series to replay through the model)."""
         self._cluster = cluster
         self._state = state
+        self._record = record
         self.identity = identity
         self._clock = clock
         self._wall = wall
@@ -236,6 +241,14 @@ class Autoscaler:
             return []
         observation = self._observer.observation(self._clock(), look)
         decisions = self._controller.observe(observation)
+        if self._record is not None:
+            line = {
+                **observation.to_dict(),
+                "policy": policy.settings(),
+                "decisions": [d.to_dict() for d in decisions],
+            }
+            self._record.write(json.dumps(line) + "\n")
+            self._record.flush()
         for decision in decisions:
             what = f"{decision.kind.value} {decision.layer} {decision.before} -> {decision.after}"
             _log.info("decided %s: %s", what, decision.reason)

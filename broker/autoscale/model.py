@@ -54,6 +54,7 @@ noise longer than it meets the gap between thresholds and the stabilisation wind
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections import deque
@@ -124,6 +125,35 @@ class Observation:
 
     t: float
     layers: Mapping[str, LayerView]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of an observation (``silbo autoscaler --record``)."""
+        return {
+            "t": self.t,
+            "layers": {
+                name: {
+                    "processes": view.processes,
+                    "input_rate": view.input_rate,
+                    "samples": [dataclasses.astuple(s) for s in view.samples],
+                }
+                for name, view in self.layers.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Observation:
+        """What :meth:`to_dict` wrote."""
+        return cls(
+            float(data["t"]),
+            {
+                name: LayerView(
+                    int(view["processes"]),
+                    float(view["input_rate"]),
+                    [LayerSample(*sample) for sample in view["samples"]],
+                )
+                for name, view in data["layers"].items()
+            },
+        )
 
 
 class Kind(enum.Enum):

@@ -60,6 +60,10 @@ The report (``--json``: one object):
   (at least 1); ``short_s``: seconds the capacity was below the load offered;
 - ``series``: the per-second figures; ``policy``, ``publishers``, ``command``.
 
+With ``--keep DIR`` the controllers' rounds (observation, policy, decisions) stay in
+``DIR/state/logs/autoscaler-N.observations.jsonl`` (``silbo up --autoscale-record``): a
+real series the model can replay (tests/autoscale/test_recorded.py).
+
 ``--plot``: the load offered, the capacity and the updates acknowledged over time, the exit
 points serving and registered below, each decision marked. Exit status 1 if a notification
 was lost, duplicated or unexpected (or the publisher failed), 2 for bad options.
@@ -326,7 +330,7 @@ class _Run:
         for layer in LAYERS:
             command += [f"--{layer}", "1"]
         command += ["--max-rate", f"{ROLE}={self.args.cap:g}"]
-        command += ["--autoscale", "--autoscale-interval", "1"]
+        command += ["--autoscale", "--autoscale-interval", "1", "--autoscale-record"]
         return foreground_up(self.state, command)
 
     def _description(self) -> dict[str, Any]:

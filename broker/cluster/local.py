@@ -144,6 +144,8 @@ class ClusterSpec:
     # stand by; 0: none) and their --interval (broker.autoscale.controller)
     autoscalers: int = 0
     autoscale_interval: float = 2.0
+    # each controller's --record in logs/autoscaler-N.observations.jsonl
+    autoscale_record: bool = False
     peer_hang_after: float = PEER_HANG_AFTER  # --peer-hang-after of every process (0: off)
     zk: str | None = None  # None: start an embedded ZooKeeper
     cluster: str = DEFAULT_CLUSTER
@@ -762,6 +764,8 @@ class LocalCluster:
         command = [sys.executable, "-m", "broker.cli", "autoscaler"]
         command += ["--state-dir", str(self.state_dir), "--log-level", self.spec.log_level]
         command += ["--interval", f"{self.spec.autoscale_interval:g}"]
+        if self.spec.autoscale_record:
+            command += ["--record", str(log.with_suffix(".observations.jsonl"))]
         with _signals_held() as mask, open(log, "ab") as out:
             process = subprocess.Popen(
                 command,

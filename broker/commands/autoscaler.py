@@ -1,14 +1,16 @@
 """``silbo autoscaler``: run an automatic scaling controller (docs/autoscaling.md).
 
     silbo autoscaler (--state-dir DIR | --zk HOST:PORT [--cluster NAME]) [--interval 2]
-                     [--log-level INFO]
+                     [--record FILE] [--log-level INFO]
 
 Every controller process of a cluster contends in a ZooKeeper election: one leads (it
 observes the layers every ``--interval`` seconds and carries out the decisions,
 broker.autoscale.controller), the others stand by and take over when its session ends.
 ``silbo up --autoscale`` starts two, as children (``--state-dir``: processes are started and
 stopped for it); against another cluster (``--zk``) the controller scales with processes
-that are registered already and pre-warms nothing.
+that are registered already and pre-warms nothing. ``--record FILE`` appends, while it
+leads, each round's observation, policy and decisions as a JSON line: a real series that
+the model replays (tests/autoscale/test_recorded.py).
 
 It runs until SIGTERM or SIGINT (exit 0); exit 2 for an error the user can fix (no cluster
 described, an unreachable ZooKeeper, a bad interval), one line on stderr.
@@ -49,6 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_INTERVAL,
         help=f"seconds between two observations of the layers (default {DEFAULT_INTERVAL:g})",
     )
+    parser.add_argument(
+        "--record", default=None, help="append each round's observation and decisions to FILE"
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level")
     add_cluster_token(parser)
     parser.set_defaults(handler=run)
@@ -78,10 +83,18 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stopping)
     local = None if args.zk else Path(args.state_dir or ".silbo").resolve()
     identity = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        record = open(args.record, "a") if args.record else None  # noqa: SIM115 (held to the end)
+    except OSError as exc:
+        print(f"silbo autoscaler: error: --record: {exc}", file=sys.stderr)
+        client.stop()
+        client.close()
+        return 2
     autoscaler = Autoscaler(
         LiveCluster(client, local, ask_timeout=min(2.0, args.interval)),
         AutoscaleState(client),
         identity=identity,
+        record=record,
     )
     # The election blocks until this one leads: in a thread, so that a stop is not held up.
     worker = threading.Thread(
@@ -98,4 +111,6 @@ def run(args: argparse.Namespace) -> int:
     client.stop()  # our election znode goes now: a standby leads at once
     client.close()
     worker.join(5.0)
+    if record is not None:
+        record.close()
     return 0

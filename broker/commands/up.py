@@ -219,9 +219,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--autoscale",
         action="store_true",
-        help="start two autoscaling controllers (one leads, one stands by): every layer but "
-        "the context stores is scaled with its load (docs/autoscaling.md; silbo admin "
-        "autoscale on|off|status|set)",
+        help="start two autoscaling controllers (one leads, one stands by): every layer is "
+        "scaled with its load (docs/autoscaling.md; silbo admin autoscale on|off|status|set)",
+    )
+    parser.add_argument(
+        "--autoscale-record",
+        action="store_true",
+        help="the controllers record each round's observation and decisions, a JSON line, in "
+        "STATE_DIR/logs/autoscaler-N.observations.jsonl (silbo autoscaler --record)",
     )
     parser.add_argument(
         "--autoscale-interval",
@@ -291,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
             replicas=args.replicas,
             autoscalers=2 if args.autoscale else 0,
             autoscale_interval=args.autoscale_interval,
+            autoscale_record=args.autoscale_record,
             peer_hang_after=max(PEER_HANG_AFTER, 8 * args.hang_after) if args.hang_after else 0,
             zk=args.zk,
             cluster=args.cluster,
