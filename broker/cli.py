@@ -13,6 +13,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo replay                    broker.commands.replay
+    silbo aggregate                 broker.commands.aggregate
     silbo bench match               broker.bench.match
     silbo bench e2e                 broker.bench.e2e
     silbo bench scale               broker.bench.scale
@@ -103,6 +104,11 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
         "replay",
         "the notifications a file of updates would have made, on Spark (docs/spark.md)",
         "broker.commands.replay:configure",
+    ),
+    (
+        "aggregate",
+        "define aggregation groups: add, change, list, show, delete (docs/aggregation.md)",
+        "broker.commands.aggregate:configure",
     ),
 )
 

@@ -31,6 +31,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from broker.addresses import parse_address
+from broker.coordination.aggregations import AggregationStore
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
@@ -61,6 +62,7 @@ __all__ = [
     "FrontOptions",
     "NgsiFront",
     "OnFronts",
+    "OpenAggregations",
     "OpenRegistrations",
     "OpenRegistry",
     "application",
@@ -88,6 +90,8 @@ OnFronts = Callable[[dict[str, str], bool], None]
 OpenRegistry = Callable[[str, OnFronts], Registry]
 # where the registrations are kept (broker.coordination.registrations.RegistrationStore)
 OpenRegistrations = Callable[[], RegistrationStore]
+# where the aggregation groups are defined (broker.coordination.aggregations)
+OpenAggregations = Callable[[], AggregationStore]
 # what puts the API's routes on the front's application (broker.ngsi.routes.add_routes)
 AddRoutes = Callable[[web.Application, "NgsiFront"], None]
 
@@ -151,6 +155,7 @@ class NgsiFront:
         registry: OpenRegistry,
         entities: EntityStore | None = None,
         registrations: OpenRegistrations | None = None,
+        aggregations: OpenAggregations | None = None,
     ) -> None:
         self.port = port
         self.options = options
@@ -172,6 +177,8 @@ class NgsiFront:
         self.address = ""
         self._open_registry = registry
         self._open_registrations = registrations
+        # the aggregation groups' definitions (None: not served, without ZooKeeper)
+        self.aggregations = aggregations() if aggregations is not None else None
         # the context providers (broker.ngsi.registrations); None: registrations not served
         self.registrations: Registrations | None = None
         self._kept: Registry | None = None

@@ -28,6 +28,7 @@ from broker.errors import InvalidInput, InvalidUpdate, NotFound, SilboError, Una
 from broker.model.attribute import check_value
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
 from broker.model.update import DEFAULT_ENTITY_TYPE
+from broker.ngsi.aggregations import AggregationRoutes, has_store_layer
 from broker.ngsi.entity import (
     Attributes,
     check_text,
@@ -142,6 +143,9 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
         ("PATCH", _REGISTRATION, routes.patch_registration),
         ("DELETE", _REGISTRATION, routes.delete_registration),
     ]
+    table += AggregationRoutes(
+        lambda: front.aggregations, lambda: has_store_layer(front.entities)
+    ).routes()
     for method, path, handler in table:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)

@@ -57,6 +57,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
+from broker.coordination.aggregations import AggregationStore
 from broker.coordination.configuration import Configuration
 from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
@@ -1136,6 +1137,7 @@ class _FrontPort:
             lambda http, on_fronts: Registry(context.zk, context.loop, self.name, http, on_fronts),
             self._cp.entities,
             lambda: RegistrationStore(context.zk, context.loop),
+            lambda: AggregationStore(context.zk, context.loop),
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))

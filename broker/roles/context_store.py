@@ -34,6 +34,9 @@ store in a transition layout are copied, taken back where it ranks first, and cl
 its registration's missing ones; those it no longer holds once a layout settles are
 dropped.
 
+Aggregation groups (broker.roles.store_aggregation, docs/aggregation.md): the writes ``Apply``
+applied are folded into the groups' panes; ``Aggregate`` takes the other stores' reports.
+
 Load (broker.runtime.load): the items in and out are the entities written and the queries
 answered; a write is busy until it is durable here and on the backups (its replication
 included), a query while it is answered (on a worker thread), both after waiting for
@@ -63,6 +66,7 @@ from grpc import aio
 from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import InvalidInput, SilboError
+from broker.roles.store_aggregation import StoreAggregation
 from broker.roles.store_copy import Copier, NotYet
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.load import Load
@@ -157,6 +161,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._in_flight: dict[int, set[int]] = {}  # applies running: their partitions
         self._settled = asyncio.Event()
         self._numbers = iter(range(1, 1 << 62))
+        self._aggregation: StoreAggregation | None = None
         self.store_id = ""
         self.state = RECOVERING
 
@@ -206,6 +211,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         if self.state == RECOVERING:
             self._tasks.append(asyncio.create_task(self._recover(), name="recovery"))
         self._tasks.append(asyncio.create_task(self._follow(), name="scale"))
+        await self._start_aggregation()
         _log.info(
             "context store %s on %s (%s, %d keys): %s",
             self.store_id,
@@ -220,6 +226,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._aggregation is not None:
+            await self._aggregation.stop()
         for shipper in self._shippers.values():
             await shipper.close()
         if self._watch is not None:
@@ -255,6 +263,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         number = next(self._numbers)
         self._in_flight[number] = partitions
         rows: list[list[Any]] = []
+        fresh: list[int] = []
         load = self._load()
         try:
             await load.admit(len(intents))
@@ -263,8 +272,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                     intents,
                     replicate=lambda puts, deletes: self._replicate(view, puts, deletes),
                     rows=rows,
+                    fresh=fresh,
                 )
             load.output(len(intents))
+            self._aggregate(results, fresh)
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -275,6 +286,38 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             del self._in_flight[number]
             self._settled.set()
         return wire.StoreAnswer(body=encode_results(results, rows))
+
+    # -- aggregation groups (broker.roles.store_aggregation) -----------------------------------
+
+    async def _start_aggregation(self) -> None:
+        assert self._context is not None and self._engine is not None
+        assert self._committer is not None
+        self._aggregation = StoreAggregation(
+            self.store_id,
+            self._engine,
+            self._committer,
+            self._context,
+            self._view,
+            lambda: self.state == SERVING,
+        )
+        await self._aggregation.start()
+
+    def _aggregate(self, results: list[Any], fresh: list[int]) -> None:
+        """Count the writes just applied in the aggregation groups that take them."""
+        if self._aggregation is not None:
+            self._aggregation.observe(results, fresh)
+
+    async def Aggregate(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        """Another store's aggregation report (its marks and panes); what was written."""
+        if self._aggregation is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the store has not started")
+        try:
+            body = self._aggregation.receive(request.body)
+        except (SilboError, KeyError, TypeError, ValueError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a report: {exc!r}")
+        return wire.StoreAnswer(body=body)
 
     def _primary_of(self, view: StoreView, partition: int) -> bool:
         if view.primary(partition) != self.store_id:

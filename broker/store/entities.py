@@ -173,6 +173,7 @@ class _Staged:
     ids: list[bytes] = field(default_factory=list)  # write ids applied here
     rows: list[list[Any]] = field(default_factory=list)  # the answer of each result
     waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
+    fresh: list[int] = field(default_factory=list)  # results applied here, not known before
 
     def put(self, key: bytes, value: bytes) -> None:
         """Stage ``key``'s new value. A commit writes its puts, then its deletes, so a key
@@ -225,9 +226,12 @@ class Entities:
         now: float | None = None,
         replicate: Replicate | None = None,
         rows: list[list[Any]] | None = None,
+        fresh: list[int] | None = None,
     ) -> list[Applied]:
         """Apply the writes in order; each one's result once every change is durable, here
         and wherever ``replicate`` makes it durable (the backups; awaited with the commit).
+        ``fresh`` is given the indexes of the writes this call applied (not those sent
+        again, answered with their first outcome).
 
         A write that fails (NotFound, Unprocessable, 409...) has its error in its result and
         changes nothing; the others apply. Raises StoreFailed if the storage failed, and
@@ -251,6 +255,8 @@ class Entities:
         self._check_serving()
         if rows is not None:  # the answer rows (wire.result_row), encoded once
             rows.extend(staged.rows)
+        if fresh is not None:
+            fresh.extend(staged.fresh)
         return staged.results
 
     async def _commit(self, staged: _Staged) -> None:
@@ -312,6 +318,7 @@ class Entities:
                     staged.rows.append(known[1])
                     continue
             applied, key, was_bytes = self._apply_one(intent, moment)
+            staged.fresh.append(len(staged.results))
             staged.results.append(applied)
             document = applied.document
             if document is None:

@@ -555,6 +555,11 @@ class ContextStoreStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
                 _registered_method=True)
+        self.Aggregate = channel.unary_unary(
+                '/broker.wire.ContextStore/Aggregate',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
 
 
 class ContextStoreServicer:
@@ -605,6 +610,14 @@ class ContextStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Aggregate(self, request, context):
+        """Another store's aggregation report (broker.roles.store_aggregation): its marks and the
+        closed panes of group keys this store owns; answered with the windows written here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -635,6 +648,11 @@ def add_ContextStoreServicer_to_server(servicer, server):
             ),
             'Yield': grpc.unary_unary_rpc_method_handler(
                     servicer.Yield,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Aggregate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Aggregate,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
             ),
@@ -799,6 +817,33 @@ class ContextStore:
             request,
             target,
             '/broker.wire.ContextStore/Yield',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Aggregate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Aggregate',
             broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
             broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
             options,

@@ -24,6 +24,10 @@ broker.store.semantics:
   succeeded 204; some succeeded (or in part) and some failed, 422 PartialUpdate; none
   succeeded, 422 Unprocessable if an entity failed on its attributes, else 404 NotFound.
 
+The aggregation groups are checked on the same cluster (docs/aggregation.md): sensors ->
+buildings -> campuses on the two stores, a building moved to another campus while running,
+each window's derived values against a direct computation, and the definitions' errors.
+
 Values stay simple: numbers for ``a`` and ``b`` (type Number), short strings for ``s``
 (Text), and now and then one metadata item. Builtin dates are not compared. Each example
 runs on a tenant of its own, so the examples share the cluster without sharing state.
@@ -32,9 +36,12 @@ runs on a tenant of its own, so the examples share the cluster without sharing s
 from __future__ import annotations
 
 import json
+import math
 import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,8 +55,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from ngsi.conftest import Answer, Front, free_port, tenant
+from ngsi.conftest import Answer, Front, Receiver, free_port, tenant
 
+from broker.cli import build_parser
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
 
@@ -556,3 +564,171 @@ def test_a_batch_that_applies_nothing_answers_as_orion(fronts: tuple[Front, Fron
     batch = {"actionType": "update", "entities": [missing, absent]}
     answer = front.call("POST", "/v2/op/update", batch, headers=headers)
     assert (answer.status, answer.body["error"]) == (422, "Unprocessable"), answer
+
+
+# -- aggregation groups (broker/store/aggregation*.py, docs/aggregation.md) ---------------------
+
+SENSORS = {"S1": "B1", "S2": "B1", "S3": "B2", "S4": "B2"}
+AGGREGATION = {
+    "id": "campus-temperature",
+    "entities": {"type": "Sensor"},
+    "groupBy": [
+        {"attribute": "refBuilding", "type": "Building"},
+        {"attribute": "refCampus", "type": "Campus"},
+    ],
+    "attributes": ["temperature"],
+    "functions": ["count", "sum", "max", "avg"],
+    "window": {"type": "tumbling", "size": "1s"},
+}
+
+
+def _in_one_window(
+    front: Front, headers: dict[str, str], rounds: Sequence[Mapping[str, float]]
+) -> float:
+    """Send each round of sensor values as one batch, all inside one 1-second window (the
+    store counts a value in the window of the time it applies it); that window's end."""
+    while not 0.05 < time.time() % 1 < 0.4:
+        time.sleep(0.02)
+    start = time.time()
+    for values in rounds:
+        batch = {
+            "actionType": "append",
+            "entities": [
+                {
+                    "id": sensor,
+                    "type": "Sensor",
+                    "temperature": {"type": "Number", "value": value},
+                    "refBuilding": {"type": "Relationship", "value": SENSORS[sensor]},
+                }
+                for sensor, value in values.items()
+            ],
+        }
+        assert front.call("POST", "/v2/op/update", batch, headers=headers).status == 204
+    assert math.floor(time.time()) == math.floor(start), "the batches spanned two windows"
+    return math.floor(start) + 1.0
+
+
+def _window_of(front: Front, headers: dict[str, str], entity: str, kind: str, end: float) -> Any:
+    """The derived attributes of ``entity`` once they are those of the window ending at
+    ``end``."""
+    deadline = time.monotonic() + 15
+    while True:
+        answer = front.call("GET", f"/v2/entities/{entity}?type={kind}", headers=headers)
+        if answer.status == 200 and "temperature_avg_1s" in answer.body:
+            meta = answer.body["temperature_avg_1s"]["metadata"]["aggregate"]["value"]
+            if meta["end"] >= end:
+                assert meta["end"] == end, (entity, meta, end)
+                return answer.body
+        assert time.monotonic() < deadline, f"no window ending at {end} on {entity}: {answer}"
+        time.sleep(0.1)
+
+
+def _expect(body: Any, values: list[float]) -> None:
+    got = {f: body[f"temperature_{f}_1s"]["value"] for f in ("count", "sum", "max", "avg")}
+    want = {"count": len(values), "sum": sum(values), "max": max(values)}
+    assert {f: got[f] for f in want} == want, (got, values)
+    assert got["avg"] == pytest.approx(sum(values) / len(values))
+
+
+def test_hierarchical_aggregation_follows_a_runtime_change_of_hierarchy(
+    fronts: tuple[Front, Front],
+) -> None:
+    # sensors -> buildings -> campuses, on 2 stores; B2 moves from campus C1 to C2 while
+    # running: windows after the move count it in C2, nothing is lost; a subscription on
+    # the derived C2 is notified; every value checked against a direct computation
+    front, other = fronts
+    headers = {"Fiware-Service": tenant()}
+    for building in ("B1", "B2"):
+        entity = {"id": building, "type": "Building", "refCampus": {"value": "C1"}}
+        assert front.call("POST", "/v2/entities", entity, headers=headers).status == 201
+    receiver = Receiver()
+    try:
+        subscription = {
+            "subject": {"entities": [{"id": "C2", "type": "Campus"}]},
+            "notification": {"http": {"url": receiver.url()}, "attrs": ["temperature_sum_1s"]},
+        }
+        made = front.call("POST", "/v2/subscriptions", subscription, headers=headers)
+        assert made.status == 201, made
+        made = other.call("POST", "/v2/x/aggregations", AGGREGATION, headers=headers)
+        assert made.status == 201, made
+        since = other.call("GET", "/v2/x/aggregations/campus-temperature", headers=headers)
+        while time.time() < datetime.fromisoformat(since.body["since"]).timestamp():
+            time.sleep(0.05)
+
+        first = [{"S1": 10, "S2": 20, "S3": 30, "S4": 40}, {"S1": 11, "S3": 35}]
+        end = _in_one_window(front, headers, first)
+        _expect(_window_of(front, headers, "B1", "Building", end), [10, 20, 11])
+        _expect(_window_of(front, headers, "B2", "Building", end), [30, 40, 35])
+        _expect(_window_of(other, headers, "C1", "Campus", end), [10, 20, 11, 30, 40, 35])
+
+        moved = {"refCampus": {"type": "Relationship", "value": "C2"}}
+        patched = front.call("PATCH", "/v2/entities/B2/attrs", moved, headers=headers)
+        assert patched.status == 204
+        second = [{"S1": 5, "S3": 7, "S4": 9}, {"S2": 6, "S4": 8}]
+        end = _in_one_window(other, headers, second)
+        _expect(_window_of(front, headers, "B1", "Building", end), [5, 6])
+        _expect(_window_of(front, headers, "C1", "Campus", end), [5, 6])
+        _expect(_window_of(other, headers, "C2", "Campus", end), [7, 9, 8])
+        notified = receiver.wait_for(1)[0].body["data"][0]
+        assert notified["id"] == "C2" and notified["temperature_sum_1s"]["value"] == 24
+    finally:
+        receiver.close()
+
+
+def test_bad_aggregations_are_refused_with_what_to_fix(fronts: tuple[Front, Front]) -> None:
+    front = fronts[0]
+    headers = {"Fiware-Service": tenant()}
+    path = "/v2/x/aggregations"
+    bad = {**AGGREGATION, "functions": ["median"], "window": {"size": "1x"}}
+    answer = front.call("POST", path, bad, headers=headers)
+    assert answer.status == 400 and answer.body["error"] == "BadRequest", answer
+    assert "median" in answer.body["description"] and "1x" in answer.body["description"]
+    assert front.call("POST", path, AGGREGATION, headers=headers).status == 201
+    again = front.call("POST", path, AGGREGATION, headers=headers)
+    assert (again.status, again.body["error"]) == (422, "Unprocessable"), again
+    missing = front.call("GET", f"{path}/nothing", headers=headers)
+    assert (missing.status, missing.body["error"]) == (404, "NotFound"), missing
+    changed = {**AGGREGATION, "functions": ["min"]}
+    del changed["id"]  # the URL's
+    assert front.call("PUT", f"{path}/nothing", changed, headers=headers).status == 404
+    renamed = front.call(
+        "PUT", f"{path}/campus-temperature", {**changed, "id": "x"}, headers=headers
+    )
+    assert renamed.status == 400 and "not the URL's" in renamed.body["description"], renamed
+    assert front.call("PUT", f"{path}/campus-temperature", changed, headers=headers).status == 204
+    shown = front.call("GET", f"{path}/campus-temperature", headers=headers).body
+    assert (shown["functions"], shown["version"]) == (["min"], 2), shown
+    listed = front.call("GET", path, headers=headers).body
+    assert [a["id"] for a in listed] == ["campus-temperature"]
+    assert front.call("DELETE", f"{path}/campus-temperature", headers=headers).status == 204
+    assert front.call("GET", path, headers=headers).body == []
+
+
+def test_silbo_aggregate_defines_groups_through_a_front(
+    fronts: tuple[Front, Front], capsys: pytest.CaptureFixture[str]
+) -> None:
+    front = f"http://{fronts[1].host}:{fronts[1].port}"
+    where = ["--tenant", tenant(), "--front", front]
+
+    def silbo(*words: str) -> tuple[int, str, str]:
+        args = build_parser(["aggregate", *words]).parse_args(["aggregate", *words, *where])
+        status = args.handler(args)
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    flags = ["--id", "rooms", "--type", "Sensor", "--group-by", "refRoom:Room,refFloor:Floor"]
+    flags += ["--attributes", "temperature", "--functions", "avg,max", "--window", "10s"]
+    assert silbo("add", *flags)[0] == 0
+    status, out, _err = silbo("list")
+    line = "rooms  refRoom:Room -> refFloor:Floor  avg,max(temperature)  10s  v1\n"
+    assert (status, out) == (0, line)
+    status, out, _err = silbo("show", "rooms")
+    floor = {"attribute": "refFloor", "type": "Floor"}
+    assert status == 0 and json.loads(out)["groupBy"][1] == floor
+    status, _out, err = silbo("add", *flags)
+    assert status == 2 and "422 Unprocessable" in err, err
+    status, _out, err = silbo("change", "rooms", *flags[2:-1], "10x")
+    assert status == 2 and "400 BadRequest" in err and "10x" in err, err
+    assert silbo("delete", "rooms")[0] == 0
+    status, _out, err = silbo("show", "rooms")
+    assert status == 2 and "404 NotFound" in err, err
