@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.errors import Unavailable
-from broker.runtime.backup import Outbox, Seen
+from broker.runtime.backup import RECENT, Outbox, Seen
 
 
 def test_a_kept_batch_resolves_with_its_count_once_completed() -> None:
@@ -53,7 +53,9 @@ def test_what_is_not_delivered_in_time_is_refused_never_dropped() -> None:
 def test_a_copy_is_dropped_per_origin_and_publisher() -> None:
     seen = Seen()
     assert seen.fresh(1, "p", 1) and seen.fresh(1, "p", 3)
-    assert not seen.fresh(1, "p", 3) and not seen.fresh(1, "p", 2)
+    assert not seen.fresh(1, "p", 3) and not seen.fresh(1, "p", 1)
+    # late, not a copy: an exit point the publisher moved away from handed it over last
+    assert seen.fresh(1, "p", 2) and not seen.fresh(1, "p", 2)
     assert seen.fresh(2, "p", 1)  # another origin
     assert seen.fresh(1, "q", 2)  # another publisher of the same origin
     assert seen.fresh(1, "p", 0) and seen.fresh(1, "p", 0)  # unnumbered: always handed over
@@ -82,11 +84,25 @@ def test_batches_sent_again_after_a_failure_are_handed_over_exactly_once(
     assert handed == numbers + extra
 
 
+def test_a_late_batch_is_fresh_and_old_numbers_count_as_seen() -> None:
+    seen = Seen()
+    # a scale of the exit points moved the publisher: batch 5 (sequences up to 50) arrives
+    # from the new exit point before batch 4 (up to 40) from the old one
+    assert seen.fresh(1, "p", 5, incarnation=7, last=50)
+    assert seen.fresh(1, "p", 4, incarnation=7, last=40)
+    assert not seen.fresh(1, "p", 4, incarnation=7, last=40)
+    assert not seen.fresh(2, "p", 9, incarnation=7, last=40)  # its copy, through another one
+    for number in range(6, 6 + 2 * RECENT + 1):  # far more than ever in flight
+        assert seen.fresh(1, "p", number, incarnation=7, last=number * 10)
+    assert not seen.fresh(1, "p", 3, incarnation=7, last=30)  # below what is remembered
+
+
 def test_a_copy_through_another_origin_is_dropped_by_the_publishers_incarnation() -> None:
     seen = Seen()
     assert seen.fresh(1, "p", 1, incarnation=7, last=10)
     assert not seen.fresh(2, "p", 1, incarnation=7, last=10)  # sent again elsewhere
-    assert not seen.fresh(2, "p", 2, incarnation=7, last=5)
+    assert seen.fresh(2, "p", 2, incarnation=7, last=5)  # never seen: late, not a copy
+    assert not seen.fresh(3, "p", 1, incarnation=7, last=5)  # its copy
     assert seen.fresh(2, "p", 3, incarnation=7, last=11)
     assert seen.fresh(2, "p", 4, incarnation=8, last=1)  # the publisher started again
     assert seen.fresh(3, "q", 1, incarnation=7, last=1)  # another publisher

@@ -34,7 +34,9 @@ the take-over was sent on it (docs/protocol.md).
 
 When a connection point dies instead (docs/failures.md), its publishers send again through
 another one what was not acknowledged, with their incarnation: the copy of a batch already
-delivered is dropped where it arrives (``Seen``, by publisher, incarnation and sequence). Its
+delivered is dropped where it arrives (``Seen``, by publisher, incarnation and sequence:
+exactly, since a publisher's batches can arrive out of order after a scale of the exit
+points moved it). Its
 clients resume their sessions at another one (``Subscribe.resume``): once their
 subscriptions are placed, a fence, then what the exit points kept for the old handles is put
 on the session, before the acknowledgement (broker/roles/session_resume.py).

@@ -109,24 +109,53 @@ class Outbox:
         self._flights.clear()
 
 
+RECENT = 1024  # numbers remembered per key: more than any publisher has in flight
+
+
+class _Recent:
+    """The last ``RECENT`` to ``2 * RECENT`` numbers seen of one key, and the floor below
+    which every number counts as seen (the highest one forgotten)."""
+
+    __slots__ = ("floor", "numbers")
+
+    def __init__(self) -> None:
+        self.floor = 0
+        self.numbers: set[int] = set()
+
+    def first_time(self, number: int) -> bool:
+        """True (and remembered) if ``number`` was not seen before."""
+        if number <= self.floor or number in self.numbers:
+            return False
+        self.numbers.add(number)
+        if len(self.numbers) > 2 * RECENT:  # forget the oldest half at once (amortized)
+            ordered = sorted(self.numbers)
+            self.floor = ordered[-RECENT - 1]
+            self.numbers = set(ordered[-RECENT:])
+        return True
+
+
 class Seen:
-    """Per (origin, publisher), the highest batch number handed over here; per (publisher,
-    incarnation), the highest sequence.
+    """Per (origin, publisher), the batch numbers handed over here; per (publisher,
+    incarnation), the highest sequences of the batches handed over.
 
     The first tells a copy that one connection point sent again after a failure behind it.
     The second tells a copy that the publisher itself sent again through another connection
     point after its first one died: that copy has a new origin and number, but the same
-    sequences, and a publisher's sequences of one incarnation arrive here in order whatever
-    the path (a copy is sent again only after the batches before it, and the batches after
-    it are sent after it), so one number per incarnation tells a copy from a new batch.
+    batch, so the same highest sequence.
+
+    Exact, not a high-water mark: a publisher's batches can arrive out of order, when a
+    scale of the exit points moves the publisher to another exit point and the one it
+    leaves is slower to hand over its last batch (each sends on its own stream); a late
+    batch is new, and is handed over. Each key remembers its last ``RECENT`` numbers (far
+    more than a publisher has in flight); a number below those counts as seen.
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[int, str], int] = {}
-        self._sequences: dict[tuple[str, int], int] = {}
+        self._batches: dict[tuple[int, str], _Recent] = {}
+        self._sequences: dict[tuple[str, int], _Recent] = {}
 
     def __len__(self) -> int:
-        return len(self._last) + len(self._sequences)
+        return len(self._batches) + len(self._sequences)
 
     def fresh(
         self, origin: int, publisher: str, batch: int, incarnation: int = 0, last: int = 0
@@ -134,14 +163,10 @@ class Seen:
         """True (and remembered) the first time a batch comes; False for a copy. A batch
         that carries no number (0) is fresh by its origin; one whose publisher gave no
         incarnation (0) is fresh by its sequences (``last``: its highest)."""
-        if batch:
-            key = (origin, publisher)
-            if batch <= self._last.get(key, 0):
-                return False
-            self._last[key] = batch
+        if batch and not self._batches.setdefault((origin, publisher), _Recent()).first_time(batch):
+            return False
         if incarnation:
-            run = (publisher, incarnation)
-            if last <= self._sequences.get(run, 0):
+            run = self._sequences.setdefault((publisher, incarnation), _Recent())
+            if not run.first_time(last):
                 return False
-            self._sequences[run] = last
         return True
