@@ -79,6 +79,7 @@ RESCAN = 15.0  # seconds between looks for orphans when no front came or went
 ADOPT_BATCH = 500  # orphans claimed and placed with the matchers at a time
 ORION_VERSION = "3.12.0"  # the Orion release whose API the front follows (clients check it)
 MAX_PUBLISH_BATCH = 1_000
+MAX_HEAD_LINE = 1 << 20  # bytes of a request line or header line (aiohttp: 8 KiB)
 _JSON = "application/json; charset=utf-8"
 _CONTENT_TYPES = {"payload": "text/plain; charset=utf-8"}  # by httpCustom's body (JSON else)
 DEFAULT_STATUS_FLUSH = 10.0
@@ -199,12 +200,16 @@ class NgsiFront:
         app = application(self.options)
         add_routes(app, self)
         # keepalive_timeout also bounds the wait for a request's head (a connection that
-        # never completes one is closed), not only the idle time between requests
+        # never completes one is closed), not only the idle time between requests; a long
+        # request line or header reaches the routes (answered with NGSI's error JSON), up to
+        # MAX_HEAD_LINE bytes, not aiohttp's 8 KiB (a plain-text 400)
         self._runner = web.AppRunner(
             app,
             access_log=None,
             handle_signals=False,
             keepalive_timeout=self.options.read_timeout,
+            max_line_size=MAX_HEAD_LINE,
+            max_field_size=MAX_HEAD_LINE,
         )
         await self._runner.setup()
         bound = sock.getsockname()[1]

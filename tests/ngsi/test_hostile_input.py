@@ -114,6 +114,8 @@ SLIGHTLY_DEEP = b'{"id": "E", "x": {"value": ' + b"[" * MAX_DEPTH + b"]" * MAX_D
             "BadRequest",
         ),
         ("POST", "/v2/entities", b'{"id": "E\xff", "x": {"value": 1}}', JSON, 400, "ParseError"),
+        # past aiohttp's 8 KiB request line: still the routes' NGSI error, not plain text
+        ("GET", "/v2/entities?coords=" + "%C3%BA" * 20_000, b"", {}, 400, "BadRequest"),
         (
             "POST",
             "/v2/subscriptions",
@@ -123,7 +125,16 @@ SLIGHTLY_DEEP = b'{"id": "E", "x": {"value": ' + b"[" * MAX_DEPTH + b"]" * MAX_D
             "ParseError",
         ),
     ],
-    ids=["nested", "past-depth", "bad-gzip", "gzip-bomb", "latin1-text", "utf8-json", "bad-utf8"],
+    ids=[
+        "nested",
+        "past-depth",
+        "bad-gzip",
+        "gzip-bomb",
+        "latin1-text",
+        "utf8-json",
+        "long-url",
+        "bad-utf8",
+    ],
 )
 def test_refused_with_an_ngsi_error(
     front: Front,
