@@ -56,10 +56,10 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import grpc
 from grpc import aio
@@ -111,6 +111,7 @@ from broker.wire import internal_pb2_grpc as wire_grpc
 
 __all__ = ["EXPIRY_PERIOD", "SHIP_TIMEOUT", "ContextStore", "store_identity"]
 
+T = TypeVar("T")  # what a read on a worker thread gives
 EXPIRY_PERIOD: Final = 1.0  # seconds between sweeps of expired entities
 SHIP_TIMEOUT: Final = 3.0  # seconds a backup may take to store a shipment
 SNAPSHOT_CHUNK: Final = 2000  # keys per Snapshot message
@@ -592,24 +593,10 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"store {self.store_id} is not the primary of partitions {sorted(asked - mine)}",
             )
-        load = self._load()
-        try:
-            await load.admit(1)
-            with load.working(1):
-                body = await asyncio.to_thread(
-                    answer_query,
-                    entities,
-                    kind,
-                    query,
-                    mine if asked is None else asked,
-                    time.time(),
-                )
-            load.output(1)
-        except StoreFailed as exc:
-            self._fail(exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except InvalidInput as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        partitions = mine if asked is None else asked
+        body = await self._read(
+            context, lambda: answer_query(entities, kind, query, partitions, time.time())
+        )
         return wire.StoreAnswer(body=body)
 
     async def History(
@@ -626,18 +613,24 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"store {self.store_id} is not the primary of partition {partition}",
             )
+        answer = await self._read(context, lambda: entities.read_history(query))
+        return wire.StoreAnswer(body=pack(answer))
+
+    async def _read(self, context: aio.ServicerContext[object, object], read: Callable[[], T]) -> T:
+        """One read on a worker thread, counted as one item of load; a failed storage is
+        UNAVAILABLE (and stops the store), a bad query INVALID_ARGUMENT."""
         load = self._load()
         try:
             await load.admit(1)
             with load.working(1):
-                answer = await asyncio.to_thread(entities.read_history, query)
+                answer = await asyncio.to_thread(read)
             load.output(1)
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except InvalidInput as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return wire.StoreAnswer(body=pack(answer))
+        return answer
 
     # -- helpers ------------------------------------------------------------------------------
 
