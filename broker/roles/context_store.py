@@ -228,7 +228,9 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._aggregation is not None:
-            await self._aggregation.stop()
+            layout = self._watch.layout if self._watch is not None else None
+            leaving = layout is not None and self.store_id not in (*layout.stores, *layout.previous)
+            await self._aggregation.stop(leaving=leaving)
         for shipper in self._shippers.values():
             await shipper.close()
         if self._watch is not None:
@@ -669,7 +671,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
     def _fail(self, exc: BaseException) -> None:
         """The storage (or the coordination a write needs) failed: stop the process (its
         supervisor restarts it from disk)."""
-        _log.error("context store %s: %s; stopping", self.store_id, exc)
+        _log.error("context store %s: %s; stopping", self.store_id, exc, exc_info=exc)
         assert self._context is not None
         self._context.loop.call_later(0.1, os._exit, 1)
 

@@ -61,6 +61,7 @@ __all__ = ["REPORT_TIMEOUT", "TICK", "StoreAggregation"]
 
 TICK: Final = 0.1  # seconds between rounds of closing, reporting and writing
 REPORT_TIMEOUT: Final = 2.0  # seconds another store may take to take a report
+HAND_OVER: Final = 5.0  # seconds a store leaving the layer may take to hand its panes over
 PUBLISH_TIMEOUT: Final = 10.0  # seconds a connection point may take to store derived writes
 _CONNECTION_POINT: Final = "connection-point"
 
@@ -101,12 +102,16 @@ class StoreAggregation:
         )
         self._task = asyncio.create_task(self._run(), name="aggregation")
 
-    async def stop(self) -> None:
-        """Stop the loop; keep every pane, the open ones too (a restart goes on with them)."""
+    async def stop(self, leaving: bool = False) -> None:
+        """Stop the loop; keep every pane, the open ones too (a restart goes on with them).
+        ``leaving``: this store left the store layer (a scale-in) and is not started again,
+        so its panes are handed over to their owners first (:meth:`_hand_over`)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if leaving and self.aggregator.pane_count():
+            await self._hand_over()
         if self._watch is not None:
             self._watch.stop()
         puts, deletes = self.aggregator.durable(everything=True)
@@ -117,6 +122,32 @@ class StoreAggregation:
             await channel.close()
         if self._client is not None:
             await asyncio.to_thread(self._client.close)
+
+    async def _hand_over(self) -> None:
+        """Close every pane (this store applies nothing more) and report them until each
+        owner took them, within :data:`HAND_OVER` seconds: the owners write the windows
+        with them (again, as a correction, if they wrote them already). Without it a store
+        scaled in took the values it had applied in the open windows with it."""
+        aggregator = self.aggregator
+        aggregator.close_all()
+        view = self._view()
+
+        def owner_of(tenant: str, entity_id: str) -> str | None:
+            return view.primary(partition_of(tenant, entity_id))
+
+        deadline = time.monotonic() + HAND_OVER
+        while aggregator.unsent(owner_of) and time.monotonic() < deadline:
+            serving = sorted(s for s, r in view.registrations.items() if r.state == SERVING)
+            reports = aggregator.reports(owner_of, serving)
+            await asyncio.gather(
+                *(self._report(store, view, body, sent) for store, (body, sent) in reports.items())
+            )
+            if aggregator.unsent(owner_of):
+                await asyncio.sleep(TICK)
+                view = self._view()
+        left = aggregator.unsent(owner_of)
+        if left:
+            _log.warning("aggregation: %d panes not handed over before stopping", left)
 
     def observe(self, applied: Sequence[Applied], fresh: Sequence[int]) -> None:
         """Count the writes of one ``Apply`` (``fresh``: the indexes of those applied by
@@ -167,6 +198,7 @@ class StoreAggregation:
             await self._committer.write(puts, deletes)
         view = self._view()
         serving = sorted(s for s, r in view.registrations.items() if r.state == SERVING)
+        aggregator.forget_marks(serving)
 
         def owner_of(tenant: str, entity_id: str) -> str | None:
             return view.primary(partition_of(tenant, entity_id))

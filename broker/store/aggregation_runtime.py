@@ -246,6 +246,38 @@ class Aggregator:
                 pane.closed = True
                 self._unsaved.add(pane_key)
 
+    def close_all(self) -> None:
+        """Close every pane and move every mark past all time: this store applies nothing
+        more (it left the store layer), so what it holds is final (a hand-over)."""
+        for group in [(*k, level) for k, v in self._versions.items()
+                      for level in range(len(v.definition.levels))]:  # fmt: skip
+            self._marks[_group(group)] = math.inf
+        for pane_key, pane in self._panes.items():
+            if not pane.closed:
+                pane.closed = True
+                self._unsaved.add(pane_key)
+
+    def unsent(self, owner_of: OwnerOf) -> int:
+        """How many closed panes with an owner that owner has not taken as they are."""
+        count = 0
+        for pane_key, pane in self._panes.items():
+            owner = owner_of(pane_key[0], pane_key[5])
+            if pane.closed and owner is not None and pane.sent != self._tag(owner):
+                count += 1
+        return count
+
+    def _tag(self, owner: str) -> str:
+        return f"{owner}@{self._owners.get(owner, 0)}"
+
+    def forget_marks(self, serving: Iterable[str]) -> None:
+        """Forget the marks of sources that are not serving: one that comes back (the same
+        store id, scaled out again) counts from its first report again, not from a mark
+        its last life left (a hand-over leaves marks past all time)."""
+        keep = set(serving)
+        for marks in self._their_marks.values():
+            for source in [s for s in marks if s not in keep]:
+                del marks[source]
+
     def durable(self, everything: bool = False) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
         """What to write to the engine so that it holds this source's closed panes and this
         owner's written ends as they are (``everything``: the open panes too, as a stopping
@@ -310,7 +342,7 @@ class Aggregator:
             owner = owner_of(pane_key[0], pane_key[5])
             if owner is None or owner not in out:
                 continue
-            if pane.sent == f"{owner}@{self._owners.get(owner, 0)}":
+            if pane.sent == self._tag(owner):
                 continue
             report, keys = out[owner]
             # sent to another owner before (its partition moved): the new one may not have

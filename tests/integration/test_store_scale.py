@@ -5,7 +5,10 @@
   reader reads one entity: after each scale every entity reads back as acknowledged (the
   counters exact), the reader never failed, and after a restart of the cluster too.
 - 2 -> 3 -> 2 stores with two replicas of each partition (`silbo up`'s default), under the
-  same writer and reader, then a store killed: nothing acknowledged lost.
+  same writer and reader, then a store killed: nothing acknowledged lost. An aggregation
+  group (sensors -> buildings, 1 s tumbling windows) runs through both scales: the windows
+  written (the last notification of each) count every acknowledged sensor value once
+  (docs/aggregation.md "Scaling with the stores").
 - A new store that hangs during its copy: the scale is rolled back, nothing acknowledged
   is lost, the cluster serves on with its old stores.
 - Bad arguments are refused with a message, and leave the cluster serving.
@@ -19,11 +22,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ngsi.conftest import Front
+from ngsi.conftest import Front, Receiver, tenant
 
 from broker.cli import main
 from broker.cluster import LocalCluster
@@ -101,6 +105,92 @@ class _Reader(threading.Thread):
     def stop(self) -> None:
         self._done.set()
         self.join(30)
+
+
+class _Sensors(threading.Thread):
+    """Sends sensor values (batches of one, four sensors in two buildings) on a tenant of
+    its own; keeps the count and sum of the acknowledged ones per building."""
+
+    GROUP: Any = {
+        "id": "building-temperature",
+        "entities": {"type": "Sensor"},
+        "groupBy": [{"attribute": "refBuilding", "type": "Building"}],
+        "attributes": ["temperature"],
+        "functions": ["count", "sum"],
+        "window": {"type": "tumbling", "size": "1s"},
+    }
+
+    def __init__(self, address: str) -> None:
+        super().__init__(daemon=True)
+        self.front = Front(address)
+        self.headers = {"Fiware-Service": tenant()}
+        self.acknowledged: dict[str, list[int]] = {}  # building: [count, sum]
+        self.receiver = Receiver()
+        self._done = threading.Event()
+
+    def define(self) -> None:
+        """The group, and a subscription on its buildings; returns once the group counts."""
+        subscription = {
+            "subject": {"entities": [{"idPattern": ".*", "type": "Building"}]},
+            "notification": {"http": {"url": self.receiver.url()}},
+        }
+        made = self.front.call("POST", "/v2/subscriptions", subscription, headers=self.headers)
+        assert made.status == 201, made
+        made = self.front.call("POST", "/v2/x/aggregations", self.GROUP, headers=self.headers)
+        assert made.status == 201, made
+        path = "/v2/x/aggregations/building-temperature"
+        since = self.front.call("GET", path, headers=self.headers).body["since"]
+        while time.time() < datetime.fromisoformat(since).timestamp():
+            time.sleep(0.05)
+
+    def run(self) -> None:
+        i = 0
+        while not self._done.is_set():
+            sensor, value = f"S{i % 4}", i % 7 + 1
+            building = f"B{i % 2}"
+            entity = {
+                "id": sensor,
+                "type": "Sensor",
+                "temperature": {"type": "Number", "value": value},
+                "refBuilding": {"type": "Relationship", "value": building},
+            }
+            batch = {"actionType": "append", "entities": [entity]}
+            answer = self.front.call("POST", "/v2/op/update", batch, headers=self.headers)
+            if answer.status == 204:
+                total = self.acknowledged.setdefault(building, [0, 0])
+                total[0] += 1
+                total[1] += value
+            else:
+                assert answer.status == 503, answer  # refused: not applied
+            i += 1
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(30)
+
+    def windows(self) -> dict[str, list[int]]:
+        """Per building, the count and sum over its windows, each as last notified."""
+        last: dict[tuple[str, float], tuple[int, int]] = {}
+        for notification in self.receiver.received():
+            for entity in notification.body["data"]:
+                count = entity["temperature_count_1s"]
+                end = count["metadata"]["aggregate"]["value"]["end"]
+                total = entity["temperature_sum_1s"]["value"]
+                last[(entity["id"], end)] = (count["value"], total)
+        totals: dict[str, list[int]] = {}
+        for (building, _end), (count, total) in last.items():
+            into = totals.setdefault(building, [0, 0])
+            into[0] += count
+            into[1] += total
+        return totals
+
+    def check(self, timeout: float = 20.0) -> None:
+        """Wait until the windows count every acknowledged value (at most ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while self.windows() != self.acknowledged and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.windows() == self.acknowledged, "windows (count, sum) != acknowledged"
 
 
 def _cluster(
@@ -189,9 +279,12 @@ def test_with_two_replicas_scale_out_and_in_then_a_kill_loses_nothing(
 ) -> None:
     cluster, front = two_stores
     writer, reader = _Writer(f"{front.host}:{front.port}"), _Reader(f"{front.host}:{front.port}")
+    sensors = _Sensors(f"{front.host}:{front.port}")
+    sensors.define()
     writer.values["E0"] = 0
     writer.start()
     reader.start()
+    sensors.start()
     time.sleep(0.5)
     try:
         assert _scale(cluster, 3) == 0, capsys.readouterr()
@@ -202,6 +295,9 @@ def test_with_two_replicas_scale_out_and_in_then_a_kill_loses_nothing(
         assert capsys.readouterr().out.startswith("completed: context-stores 3 -> 2")
         assert _stores(cluster) == ["store-1", "store-2"]
         time.sleep(0.3)
+        sensors.stop()
+        assert sum(c for c, _s in sensors.acknowledged.values()) > 20
+        sensors.check()  # before the kill: a killed store loses its open panes (documented)
         failed_before_kill = list(reader.failed)
         # every partition is on both stores again: one killed, the other serves them all
         _kill_store(cluster, 1)
@@ -209,6 +305,8 @@ def test_with_two_replicas_scale_out_and_in_then_a_kill_loses_nothing(
     finally:
         writer.stop()
         reader.stop()
+        sensors.stop()
+        sensors.receiver.close()
     assert reader.reads > 20 and failed_before_kill == []
     assert len(writer.values) == ENTITIES
     writer.check(front)  # nothing acknowledged lost, the $inc counters exact

@@ -355,3 +355,58 @@ def test_a_changed_definition_applies_from_its_since() -> None:
     ]
     assert derived[1].attributes["temperature_avg_1s"]["value"] == sum(range(20, 40)) / 20
     assert derived[2].attributes["temperature_max_1s"]["value"] == 59.0
+
+
+def exchange(source: Aggregator, owner: Aggregator) -> None:
+    """Two rounds of reports from ``source`` to ``owner`` (its marks count from the second:
+    it knows the owner's incarnation then)."""
+    for _ in range(2):
+        for target, (report, sent) in source.reports(
+            lambda _t, _e: owner.store_id, [owner.store_id]
+        ).items():
+            source.answered(target, owner.receive(report), sent)
+
+
+@pytest.mark.parametrize("hand_over", [True, False])
+def test_a_store_leaving_the_layer_hands_its_open_panes_over(hand_over: bool) -> None:
+    # "z" applied two values in a window still open, then leaves the store layer (a
+    # scale-in: it is never started again): closed at once and reported, they are in the
+    # window its owner "a" writes; without the hand-over they were lost with the process
+    group = definition({"type": "tumbling", "size": "1s"})
+    owner, leaving = Aggregator("a", 1), Aggregator("z", 2)
+    for aggregator in (owner, leaving):
+        aggregator.define([Version(group, 1, T0)])
+    for value in (3.0, 4.0):
+        sensor = document("S1", "Sensor", {"temperature": value, "refBuilding": "B1"})
+        leaving.observe([written(sensor, ["temperature"])], T0 + 0.3)
+    leaving.close(T0 + 0.5)
+    assert leaving.unsent(lambda _t, _e: "a") == 0  # open: nothing to send yet
+    if hand_over:
+        leaving.close_all()
+        assert leaving.unsent(lambda _t, _e: "a") == 1
+        exchange(leaving, owner)
+        assert leaving.unsent(lambda _t, _e: "a") == 0
+    owner.close(T0 + 1.2)
+    exchange(owner, owner)
+    owner.forget_marks(["a"])  # "z" stopped: only the serving owner's marks count
+    writes, settled = owner.due(["a"], lambda _t, _e: True)
+    owner.written(settled)
+    if hand_over:
+        (window,) = writes
+        check(window.attributes, direct([(T0 + 0.3, 3.0), (T0 + 0.3, 4.0)]), "1s")
+    else:
+        assert writes == []  # the window had no value but z's: nothing written, 2 lost
+
+
+def test_marks_of_a_source_no_longer_serving_are_forgotten() -> None:
+    group = definition({"type": "tumbling", "size": "1s"})
+    owner, other = Aggregator("a", 1), Aggregator("b", 2)
+    for aggregator in (owner, other):
+        aggregator.define([Version(group, 1, T0)])
+    other.close_all()  # a hand-over leaves its marks past all time
+    exchange(other, owner)
+    owner.close(T0 + 5.2)
+    exchange(owner, owner)
+    assert owner.due(["a", "b"], lambda _t, _e: True)[1].advance  # b's infinite mark counts
+    owner.forget_marks(["a"])  # b left, then came back with the same id: no mark of it yet
+    assert not owner.due(["a", "b"], lambda _t, _e: True)[1].advance
