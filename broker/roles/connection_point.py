@@ -225,6 +225,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._stopping = False
         self._outbox = Outbox()  # update batches sent on, kept until delivered
         self._seen = Seen()  # update batches handed over here (copies are dropped)
+        self._flushed: dict[str, int] = {}  # exit point: the last Flush token it took
+        self._flush_came = asyncio.Condition()
 
     # -- the role's life ----------------------------------------------------------------
 
@@ -800,6 +802,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
     ) -> wire.Empty:
         ctx = self._ctx()
         received = ctx.metrics.messages_in.labels(stream="Deliver")
+        sender = ""
         async for handoff in request_iterator:
             received.inc()
             body = handoff.WhichOneof("body")
@@ -808,8 +811,31 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                     self._deliver(handoff.deliveries)
             elif body == "completed":
                 self._completed(handoff.completed)
-            elif body == "marker" and handoff.marker.WhichOneof("kind") == "fence":
-                self._fence_passed(handoff.marker.fence)
+            elif body == "hello":
+                sender = handoff.hello.sender
+            elif body == "marker":
+                kind = handoff.marker.WhichOneof("kind")
+                if kind == "fence":
+                    self._fence_passed(handoff.marker.fence)
+                elif kind == "flush" and sender:
+                    async with self._flush_came:
+                        token = max(self._flushed.get(sender, 0), handoff.marker.flush.token)
+                        self._flushed[sender] = token
+                        self._flush_came.notify_all()
+        return wire.Empty()
+
+    async def Flushed(
+        self,
+        request: wire.FlushRequest,
+        context: grpc.aio.ServicerContext[wire.FlushRequest, wire.Empty],
+    ) -> wire.Empty:
+        """Answer once ``request.sender``'s Deliver stream brought its Flush marker of
+        ``request.token``: every delivery it sent before is in the sessions' queues (the
+        call's deadline bounds the wait)."""
+        async with self._flush_came:
+            await self._flush_came.wait_for(
+                lambda: self._flushed.get(request.sender, 0) >= request.token
+            )
         return wire.Empty()
 
     def _completed(self, completed: wire.Completed) -> None:

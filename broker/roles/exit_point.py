@@ -27,9 +27,11 @@ Markers from the matchers (docs/protocol.md):
 
 - a *switch* says an access point's old epoch is over on that matcher's channel. In an
   exit-point scale, an exit point of the old configuration reports *drained* once every
-  access point's old epoch is over on every matcher's channel and it has delivered all of
-  it; an exit point holds back the batches of the new epoch until every exit point of the
-  old one drained, so that a publisher whose updates change exit point keeps its order.
+  access point's old epoch is over on every matcher's channel, it has delivered all of it,
+  and every connection point confirmed it took those deliveries (a ``Flush`` marker on each
+  Deliver stream, then ``Delivery.Flushed``); an exit point holds back the batches of the
+  new epoch until every exit point of the old one drained, so that a publisher whose
+  updates change exit point keeps its order.
 - a *fence* from a connection point: once every matcher's fence is in and every batch those
   matchers reported before it is delivered, the connection point is told (a ``Handoff``
   marker after those deliveries on its stream).
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -75,10 +78,11 @@ from broker.coordination.scale import read_plan, reports
 from broker.coordination.scale import report as scale_report
 from broker.errors import SilboError
 from broker.runtime.handles import connection_points_of
-from broker.runtime.link import Link, follow_members
+from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.runtime.retained import Retained
+from broker.runtime.token import call_metadata
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 from broker.wire.streams import DELIVER
@@ -91,6 +95,7 @@ DRAIN_FALLBACK = 1.0  # seconds between looks at the drained reports when no wat
 LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
 STRAGGLER_GRACE = 1.0  # seconds a batch waits for a matcher its replicas can stand in for
 ORIGIN_WAIT = 10.0  # seconds to wait for a link to a connection point to report completions
+FLUSH_WAIT = 5.0  # seconds a connection point may take to confirm a drained exit point's flush
 
 
 @dataclass(eq=False)
@@ -145,6 +150,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._suspects: set[str] = set()  # matchers batches went out without (see the doc)
         self._retained = Retained()  # for sessions resumed elsewhere (the module doc)
         self._sweeper: asyncio.Task[None] | None = None
+        self._flush_tokens = itertools.count(1)
 
     def add_to(self, server: grpc.aio.Server) -> None:
         wire_grpc.add_ExitPointServicer_to_server(self, server)  # type: ignore[no-untyped-call]
@@ -462,8 +468,47 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         if any(p.epoch < epoch for line in lines for p in line.values()):
             return
         self._drained.add(plan.id)
-        _log.info("scale %s: drained", plan.id)
-        self._spawn(asyncio.to_thread(scale_report, ctx.zk, "drained", ctx.name, {}))
+        self._spawn(self._flush_then_report(plan.id))
+
+    async def _flush_then_report(self, plan_id: str) -> None:
+        """Report drained once every connection point took what this exit point sent it:
+        a Flush marker after the deliveries on each link, then ``Delivery.Flushed`` until
+        the connection point took it. Queued on a link is not arrived: the new exit point
+        of a moved publisher delivers on its own stream, which could reach a connection
+        point first (its notifications before the old exit point's, out of order). A
+        connection point that does not confirm within :data:`FLUSH_WAIT` (dead, or its
+        link failed: sessions resume elsewhere from what is retained) is not waited for."""
+        ctx = self._ctx()
+        token = next(self._flush_tokens)
+        marker = wire.Handoff(marker=wire.Marker(flush=wire.Flush(token=token)))
+        data = marker.SerializeToString()
+        started = time.monotonic()
+        links = [link for link in list(self._links.values()) if await link.send(data)]
+        confirmed = await asyncio.gather(*(self._confirmed(link, token) for link in links))
+        _log.info(
+            "scale %s: drained (%d of %d connection points confirmed in %.0f ms)",
+            plan_id,
+            sum(confirmed),
+            len(links),
+            (time.monotonic() - started) * 1000,
+        )
+        await asyncio.to_thread(scale_report, ctx.zk, "drained", ctx.name, {})
+
+    async def _confirmed(self, link: Link, token: int) -> bool:
+        """Whether the connection point of ``link`` took its Flush marker ``token``."""
+        request = wire.FlushRequest(sender=self._ctx().name, token=token)
+        async with grpc.aio.insecure_channel(link.address, options=CHANNEL_OPTIONS) as channel:
+            stub = wire_grpc.DeliveryStub(channel)  # type: ignore[no-untyped-call]
+            try:
+                await stub.Flushed(request, timeout=FLUSH_WAIT, metadata=call_metadata())
+            except grpc.aio.AioRpcError as exc:
+                _log.warning(
+                    "connection point %s did not confirm the flush (%s): not waited for",
+                    link.peer,
+                    exc.code().name,
+                )
+                return False
+        return True
 
     # -- fences ---------------------------------------------------------------------------
 

@@ -70,16 +70,32 @@ class Unsubscriptions(_message.Message):
     def __init__(self, request: _Optional[int] = ..., ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Marker(_message.Message):
-    __slots__ = ("epoch", "start_scale", "switch", "fence")
+    __slots__ = ("epoch", "start_scale", "switch", "fence", "flush")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_SCALE_FIELD_NUMBER: _ClassVar[int]
     SWITCH_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     start_scale: StartScale
     switch: Switch
     fence: Fence
-    def __init__(self, epoch: _Optional[int] = ..., start_scale: _Optional[_Union[StartScale, _Mapping]] = ..., switch: _Optional[_Union[Switch, _Mapping]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ...) -> None: ...
+    flush: Flush
+    def __init__(self, epoch: _Optional[int] = ..., start_scale: _Optional[_Union[StartScale, _Mapping]] = ..., switch: _Optional[_Union[Switch, _Mapping]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ...) -> None: ...
+
+class Flush(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    def __init__(self, token: _Optional[int] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ("sender", "token")
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    sender: str
+    token: int
+    def __init__(self, sender: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
 
 class StartScale(_message.Message):
     __slots__ = ("plan",)

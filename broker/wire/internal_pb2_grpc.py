@@ -386,6 +386,11 @@ class DeliveryStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.Handoff.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
                 _registered_method=True)
+        self.Flushed = channel.unary_unary(
+                '/broker.wire.Delivery/Flushed',
+                request_serializer=broker_dot_wire_dot_internal__pb2.FlushRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class DeliveryServicer:
@@ -397,12 +402,25 @@ class DeliveryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Flushed(self, request, context):
+        """Answers once the sender's Deliver stream brought a Flush marker of at least this token
+        (DEADLINE_EXCEEDED if it did not within the call's deadline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DeliveryServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Deliver': grpc.stream_unary_rpc_method_handler(
                     servicer.Deliver,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.Handoff.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
+            ),
+            'Flushed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flushed,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.FlushRequest.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.Empty.SerializeToString,
             ),
     }
@@ -432,6 +450,33 @@ class Delivery:
             target,
             '/broker.wire.Delivery/Deliver',
             broker_dot_wire_dot_internal__pb2.Handoff.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flushed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.Delivery/Flushed',
+            broker_dot_wire_dot_internal__pb2.FlushRequest.SerializeToString,
             broker_dot_wire_dot_internal__pb2.Empty.FromString,
             options,
             channel_credentials,

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import grpc
 from conftest import StartCluster
 from kazoo.client import KazooClient
 
@@ -22,6 +26,8 @@ from broker.coordination.coordinator import ScaleOutcome, scale_layer
 from broker.model.subscription import Subscription
 from broker.model.update import ContextUpdate
 from broker.runtime.options import Role
+from broker.wire import internal_pb2 as wire
+from broker.wire import internal_pb2_grpc as wire_grpc
 from integration.conftest import (
     Published,
     Recorder,
@@ -146,6 +152,11 @@ def test_exit_points_scale_out_and_in(
         cluster.retire([second])
         scene.check()
         assert delivered[second] > 0, "the second exit point never delivered anything"
+        # each drained exit point waited until the connection point took its deliveries
+        logs = [Path(p["log"]).read_text() for p in cluster.description["processes"]
+                if p["role"] == Role.EXIT_POINT.value]  # fmt: skip
+        confirmed = sum(log.count("(1 of 1 connection points confirmed") for log in logs)
+        assert confirmed == 2, "a drained report without the connection point's confirmation"
     finally:
         scene.close()
 
@@ -203,3 +214,36 @@ def test_connection_points_scale_out_and_in(
         assert all(r.client.target == first for r in scene.recorders)
     finally:
         scene.close()
+
+
+def test_a_connection_point_confirms_a_flush_once_the_stream_brought_it(
+    start_cluster: StartCluster,
+) -> None:
+    # the exit points' hand-over (broker.roles.exit_point._flush_then_report): Flushed
+    # answers only once the sender's Deliver stream brought its marker, so what the stream
+    # carried before it is in the sessions' queues; a token never sent runs out its deadline
+    cluster = start_cluster(matchers=1)
+    (entry,) = [p for p in cluster.description["processes"] if p["role"] == "connection-point"]
+    release = threading.Event()
+
+    def stream() -> Iterator[wire.Handoff]:
+        yield wire.Handoff(hello=wire.Hello(sender="old-exit-point", role="exit-point"))
+        release.wait(30)
+        yield wire.Handoff(marker=wire.Marker(flush=wire.Flush(token=1)))
+
+    with grpc.insecure_channel(entry["internal"]) as channel:
+        stub = wire_grpc.DeliveryStub(channel)  # type: ignore[no-untyped-call]
+        delivering = stub.Deliver.future(stream(), timeout=60)
+        asked = stub.Flushed.future(wire.FlushRequest(sender="old-exit-point", token=1), timeout=30)
+        time.sleep(0.5)
+        assert not asked.done(), "confirmed before the marker came"
+        release.set()
+        asked.result(timeout=10)  # raises if it failed
+        delivering.result(timeout=10)
+        for sender, token in (("old-exit-point", 2), ("never-seen", 1)):
+            try:
+                stub.Flushed(wire.FlushRequest(sender=sender, token=token), timeout=0.5)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc
+            else:
+                raise AssertionError(f"{sender} {token} confirmed without its marker")
