@@ -6,9 +6,11 @@ the context store first (created, or its attributes appended: Orion's
 and what is published is the whole stored entity with its change, exactly as the HTTP front
 publishes it. Readers then see the publisher's updates, and a subscription's ``q`` on an
 attribute the update did not carry, its condition attributes and ``onlyChangedAttrs`` behave
-as for an NGSI write. An entity whose upsert changed nothing is not published (Orion does not
-notify it either); one the store refused (an operator on a value it cannot apply to, say)
-is named in the batch's error while the others stay applied and published.
+as for an NGSI write. An entity whose upsert changed nothing is published with the alteration
+``entityUpdate``, as the HTTP front publishes it: only subscriptions that ask for
+``entityUpdate`` fire on it (Orion's default, ``entityCreate`` and ``entityChange``, does
+not). One the store refused (an operator on a value it cannot apply to, say) is named in the
+batch's error while the others stay applied and published.
 
 Sequences keep their publisher's order: the published entities keep the sequence each had in
 the batch (gaps where nothing was published), so per-publisher order and duplicate removal
@@ -80,7 +82,7 @@ async def through_store(
             stored.refused.append((index, applied.error))
         document = applied.document
         if applied.change is None or document is None:
-            continue  # refused, or nothing changed
+            continue  # refused: the store applied nothing
         entity = to_wire(
             document.id, document.type, document.tenant, document.service_path,
             document.attributes,
