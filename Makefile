@@ -42,7 +42,10 @@ pytest: install
 test-fast: install
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# lint and typecheck run beside the tests (one core for ~40 s while pytest starts): the whole
+# takes ~40 s less than one after the other; any of the three failing fails the target.
+test: install
+	@$(MAKE) --no-print-directory -j3 lint typecheck pytest
 
 demo: install
 	$(VENV)/bin/silbo demo
