@@ -46,6 +46,9 @@ chaos`` counts: broker.bench.chaos.tally) over (subscription, publisher, sequenc
 The report (``--json``: one object):
 
 - ``lost``, ``duplicated``, ``unexpected``, ``published``, ``expected``, ``delivered``;
+  ``out_of_order``: notifications that arrived after a later one of the same publisher for
+  the same subscription (reported, not failed on: a batch the cluster refused and the
+  publisher sent again would count);
 - ``decisions``: ``{t, layer, from, to, kind, reason, outcome}``, every layer;
   ``wrong_layer_decisions``: how many were on another layer than the exit points;
 - ``steps``: per rise of the profile, ``time_to_capacity_s``: from the step to the end of
@@ -270,6 +273,10 @@ class _Load:
     refused: int = 0
     arrivals: Counter[tuple[str, str, int]] = field(default_factory=Counter)
     arrived: int = 0
+    # (subscription, publisher): the highest sequence arrived; a lower one after it is out of
+    # order (a copy too: duplicates are counted apart)
+    highest: dict[tuple[str, str], int] = field(default_factory=dict)
+    out_of_order: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -431,6 +438,12 @@ class _Run:
         with self.load.lock:
             self.load.arrivals.update(keys)
             self.load.arrived += len(keys)
+            highest = self.load.highest
+            for subscription, publisher, sequence in keys:
+                if sequence < highest.get((subscription, publisher), 0):
+                    self.load.out_of_order += 1
+                else:
+                    highest[(subscription, publisher)] = sequence
 
     def _sample(self, zk: KazooClient, until: float) -> None:
         """Once a second until ``until``: the load and the exit points."""
@@ -530,6 +543,7 @@ class _Run:
             "lost": lost.total(),
             "duplicated": repeated.total(),
             "unexpected": unexpected.total(),
+            "out_of_order": self.load.out_of_order,
             "decisions": decisions,
             "wrong_layer_decisions": sum(d["layer"] != LAYER for d in decisions),
             "steps": self._steps(series),
@@ -621,7 +635,7 @@ def _print(summary: dict[str, Any]) -> None:
     print(
         f"  published {summary['published']:,}, expected {summary['expected']:,}, delivered "
         f"{summary['delivered']:,}: lost {summary['lost']}, duplicated {summary['duplicated']}, "
-        f"unexpected {summary['unexpected']}"
+        f"unexpected {summary['unexpected']}, out of order {summary['out_of_order']}"
     )
 
 
