@@ -110,6 +110,11 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
         "define aggregation groups: add, change, list, show, delete (docs/aggregation.md)",
         "broker.commands.aggregate:configure",
     ),
+    (
+        "alert",
+        "define alert rules: add, change, list, show, delete (docs/alerts.md)",
+        "broker.commands.alert:configure",
+    ),
 )
 
 # (name, one-line help, "module:function") of each ``silbo bench`` benchmark.

@@ -20,27 +20,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
-from broker.commands.publish import DEFAULT_STATE_DIR
+from broker.commands.front_request import (
+    Failed,
+    add_front_options,
+    call,
+    front_of,
+    json_document,
+)
 from broker.errors import InvalidInput
 
 __all__ = ["configure", "definition_of", "run"]
 
 _PATH = "/v2/x/aggregations"
-_TIMEOUT = 10.0
-
-
-class _Failed(Exception):
-    """A request the front refused (``status``) or that did not reach it (0)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,23 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     delete = actions.add_parser("delete", help="remove a group (its derived entities stay)")
     delete.add_argument("id", help="the group's id")
     for sub in (add, change, *(actions.choices[n] for n in ("list", "show", "delete"))):
-        _common(sub)
+        add_front_options(sub)
     parser.set_defaults(handler=run)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tenant", default="", metavar="S", help="the tenant (Fiware-Service)")
-    parser.add_argument(
-        "--service-path", default="", metavar="P", help="the service path (Fiware-ServicePath)"
-    )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--front", default=None, metavar="URL", help="an NGSI front's URL")
-    where.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        metavar="DIR",
-        help=f"the cluster silbo up described in DIR/cluster.json (default {DEFAULT_STATE_DIR})",
-    )
 
 
 def _definition_options(parser: argparse.ArgumentParser, *, with_id: bool) -> None:
@@ -97,14 +76,7 @@ def _definition_options(parser: argparse.ArgumentParser, *, with_id: bool) -> No
 def definition_of(args: argparse.Namespace, stdin: IO[str] | None = None) -> dict[str, Any]:
     """The definition the arguments give: a JSON file, or the flags (InvalidInput)."""
     if args.file is not None:
-        text = (stdin or sys.stdin).read() if args.file == "-" else _read(args.file)
-        try:
-            body = json.loads(text)
-        except ValueError as exc:
-            raise InvalidInput(f"{args.file} holds no JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise InvalidInput(f"{args.file} holds no JSON object")
-        return body
+        return json_document(args.file, stdin)
     missing = [
         flag
         for flag, value in (
@@ -148,28 +120,28 @@ def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
     stream = out or sys.stdout
     try:
         body = definition_of(args) if args.action in ("add", "change") else None
-        base = _front(args)
+        base = front_of(args)
         one = f"{_PATH}/{quote(getattr(args, 'id', '') or '', safe='')}"
         if args.action == "add":
-            _call(base, args, "POST", _PATH, body)
+            call(base, args, "POST", _PATH, body)
             print(f"aggregation {body.get('id') if body else ''} added", file=stream)
         elif args.action == "change":
             assert body is not None
             body.setdefault("id", args.id)
-            _call(base, args, "PUT", one, body)
+            call(base, args, "PUT", one, body)
             print(f"aggregation {args.id} changed (from its next window)", file=stream)
         elif args.action == "list":
-            for item in _call(base, args, "GET", _PATH) or []:
+            for item in call(base, args, "GET", _PATH) or []:
                 print(_line(item), file=stream)
         elif args.action == "show":
-            print(json.dumps(_call(base, args, "GET", one), indent=2), file=stream)
+            print(json.dumps(call(base, args, "GET", one), indent=2), file=stream)
         else:
-            _call(base, args, "DELETE", one)
+            call(base, args, "DELETE", one)
             print(f"aggregation {args.id} deleted", file=stream)
     except InvalidInput as exc:
         print(f"silbo aggregate: error: {exc}", file=sys.stderr)
         return 2
-    except _Failed as exc:
+    except Failed as exc:
         print(f"silbo aggregate: error: {exc}", file=sys.stderr)
         return 2 if 400 <= exc.status < 500 else 1
     return 0
@@ -184,54 +156,3 @@ def _line(item: dict[str, Any]) -> str:
     functions = ",".join(item.get("functions", []))
     attributes = ",".join(item.get("attributes", []))
     return f"{item.get('id')}  {levels}  {functions}({attributes})  {size}  v{item.get('version')}"
-
-
-def _front(args: argparse.Namespace) -> str:
-    if args.front is not None:
-        url = args.front if "://" in args.front else f"http://{args.front}"
-        return url.rstrip("/")
-    described = Path(args.state_dir) / "cluster.json"
-    try:
-        endpoints = json.loads(described.read_text())["http_endpoints"]
-    except (OSError, ValueError, KeyError, TypeError):
-        endpoints = []
-    if not endpoints:
-        raise InvalidInput(
-            f"no NGSI front described in {described}; start a cluster with silbo up "
-            "--http-port, or name a front with --front http://HOST:PORT"
-        )
-    return f"http://{endpoints[0]}"
-
-
-def _call(base: str, args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    headers = {"Fiware-Service": args.tenant}
-    if args.service_path:
-        headers["Fiware-ServicePath"] = args.service_path
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(base + path, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT) as answer:
-            payload = answer.read()
-    except urllib.error.HTTPError as exc:
-        raise _Failed(exc.code, _error(exc.code, exc.read())) from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise _Failed(0, f"the front at {base} did not answer: {exc}") from None
-    return json.loads(payload) if payload else None
-
-
-def _error(status: int, payload: bytes) -> str:
-    try:
-        body = json.loads(payload)
-        return f"{status} {body['error']}: {body['description']}"
-    except (ValueError, KeyError, TypeError):
-        return f"{status}: {payload[:200]!r}"
-
-
-def _read(name: str) -> str:
-    try:
-        return Path(name).read_text()
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {name}: {exc}") from None

@@ -32,6 +32,7 @@ from aiohttp.typedefs import Middleware
 
 from broker.addresses import parse_address
 from broker.coordination.aggregations import AggregationStore
+from broker.coordination.alerts import AlertStore
 from broker.coordination.http_subscriptions import Registry, Stored, heir
 from broker.errors import AddressInUse, NotFound, SilboError, Unavailable
 from broker.ngsi.allow import AllowList
@@ -93,6 +94,8 @@ OpenRegistry = Callable[[str, OnFronts], Registry]
 OpenRegistrations = Callable[[], RegistrationStore]
 # where the aggregation groups are defined (broker.coordination.aggregations)
 OpenAggregations = Callable[[], AggregationStore]
+# where the alert rules are defined (broker.coordination.alerts)
+OpenAlerts = Callable[[], AlertStore]
 # what puts the API's routes on the front's application (broker.ngsi.routes.add_routes)
 AddRoutes = Callable[[web.Application, "NgsiFront"], None]
 
@@ -157,6 +160,7 @@ class NgsiFront:
         entities: EntityStore | None = None,
         registrations: OpenRegistrations | None = None,
         aggregations: OpenAggregations | None = None,
+        alerts: OpenAlerts | None = None,
     ) -> None:
         self.port = port
         self.options = options
@@ -180,6 +184,8 @@ class NgsiFront:
         self._open_registrations = registrations
         # the aggregation groups' definitions (None: not served, without ZooKeeper)
         self.aggregations = aggregations() if aggregations is not None else None
+        # the alert rules (None: not served, without ZooKeeper)
+        self.alerts = alerts() if alerts is not None else None
         # the context providers (broker.ngsi.registrations); None: registrations not served
         self.registrations: Registrations | None = None
         self._kept: Registry | None = None

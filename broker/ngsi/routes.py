@@ -29,6 +29,7 @@ from broker.model.attribute import check_value
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.ngsi.aggregations import AggregationRoutes, has_store_layer
+from broker.ngsi.alerts import AlertRoutes
 from broker.ngsi.entity import (
     Attributes,
     check_text,
@@ -146,6 +147,7 @@ def add_routes(app: web.Application, front: NgsiFront) -> None:
     table += AggregationRoutes(
         lambda: front.aggregations, lambda: has_store_layer(front.entities)
     ).routes()
+    table += AlertRoutes(lambda: front.alerts, lambda: has_store_layer(front.entities)).routes()
     for method, path, handler in table:
         app.router.add_route(method, path, handler)
         app.router.add_route(method, path + "/", handler)

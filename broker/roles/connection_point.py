@@ -60,6 +60,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from broker.coordination.aggregations import AggregationStore
+from broker.coordination.alerts import AlertStore
 from broker.coordination.configuration import Configuration
 from broker.coordination.http_subscriptions import Registry
 from broker.coordination.membership import Member
@@ -129,6 +130,7 @@ FENCE_TIMEOUT = 30.0  # seconds a fence may take before moving on regardless (lo
 LEAVE_TIMEOUT = 30.0  # seconds the sessions get to move when this connection point leaves
 _MAX_SEQUENCE = (1 << 64) - 1  # Updates.sequences are uint64
 _M = TypeVar("_M", bound=Message)
+_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -218,6 +220,7 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         self._leaving: list[Member] = []  # where sessions go when this one leaves
         self._publishers_moved = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._finishing: set[asyncio.Task[Any]] = set()  # stored batches run to their end
         self._front: NgsiFront | None = None  # the NGSI v2 HTTP front, with --http-listen
         self.entities: EntityStore = LocalEntities()  # the context store's, once started
         self._reader = StoreReader(lambda: self.entities)
@@ -367,7 +370,8 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
                     acks.put_nowait(pb.PublishAck(batch=request.batch, moved_to=target.endpoint))
                     continue
                 try:
-                    delivered = await self._send_updates(request, default_publisher)
+                    sending = self._send_updates(request, default_publisher)
+                    delivered = await (self._to_the_end(sending) if request.store else sending)
                 except SilboError as exc:
                     acks.put_nowait(pb.PublishAck(batch=request.batch, error=_error(exc)))
                     continue
@@ -1107,6 +1111,16 @@ class ConnectionPoint(pb_grpc.ConnectionPointServicer, wire_grpc.DeliveryService
         if session.number in self._sessions and not session.failure:
             await session.events.put(None)  # after what is queued: the stream ends with OK
 
+    async def _to_the_end(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Await ``work`` as a task that runs to its end even if this caller is cancelled:
+        a stored batch whose publisher goes away (its stream cancelled) after the store
+        took it is still published, or its change would never reach the subscriptions."""
+        task = self._ctx().loop.create_task(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        task.add_done_callback(_retrieved)
+        return await asyncio.shield(task)
+
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = self._ctx().loop.create_task(work)
         self._tasks.add(task)
@@ -1166,6 +1180,7 @@ class _FrontPort:
             self._cp.entities,
             lambda: RegistrationStore(context.zk, context.loop),
             lambda: AggregationStore(context.zk, context.loop),
+            lambda: AlertStore(context.zk, context.loop),
         )
         self._cp._sessions[self._session.number] = self._session
         self._cp._spawn(self._consume(front))
@@ -1207,6 +1222,12 @@ class _FrontPort:
     async def unsubscribe(self, ids: Sequence[str]) -> None:
         unsubscribe = pb.Unsubscribe(ids=ids)
         _raise_for(await self._cp._unsubscribe(self._session, next(self._requests), unsubscribe))
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Take a finished task's outcome, which nobody may await any more (its caller went)."""
+    if not task.cancelled() and task.exception() is not None:
+        _log.info("a stored batch whose publisher went away failed: %s", task.exception())
 
 
 def _done(count: int) -> asyncio.Future[int]:

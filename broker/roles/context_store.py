@@ -37,6 +37,11 @@ dropped.
 Aggregation groups (broker.roles.store_aggregation, docs/aggregation.md): the writes ``Apply``
 applied are folded into the groups' panes; ``Aggregate`` takes the other stores' reports.
 
+Alert rules (broker.roles.store_alerts, docs/alerts.md): the writes ``Apply`` applies keep
+the rules' states and the transitions to publish in their own commits
+(broker.store.alert_log); the transitions of the partitions this store is the primary of
+are published as alert entities, then deleted.
+
 Load (broker.runtime.load): the items in and out are the entities written and the queries
 answered; a write is busy until it is durable here and on the backups (its replication
 included), a query while it is answered (on a worker thread), both after waiting for
@@ -67,11 +72,13 @@ from kazoo.recipe.watchers import DataWatch
 
 from broker.errors import InvalidInput, SilboError
 from broker.roles.store_aggregation import StoreAggregation
+from broker.roles.store_alerts import StoreAlerts
 from broker.roles.store_copy import Copier, NotYet
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.load import Load
 from broker.runtime.process import EXIT_FENCED, ProcessContext
 from broker.runtime.token import call_metadata
+from broker.store.alert_log import AlertLog
 from broker.store.engine import (
     DEFAULT_ENGINE,
     Engine,
@@ -163,6 +170,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._settled = asyncio.Event()
         self._numbers = iter(range(1, 1 << 62))
         self._aggregation: StoreAggregation | None = None
+        self._alerts: StoreAlerts | None = None
         self.store_id = ""
         self.state = RECOVERING
 
@@ -180,7 +188,11 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._committer = GroupCommitter(self._engine)
         history = HistoryOptions.parse(options.history_retention)
         self._entities = Entities(
-            self._engine, self._committer, history, record_history=options.history
+            self._engine,
+            self._committer,
+            history,
+            record_history=options.history,
+            alerts=AlertLog(self._engine),
         )
         zk = context.zk
         if await asyncio.to_thread(read_store_layout, zk) is None:
@@ -213,6 +225,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             self._tasks.append(asyncio.create_task(self._recover(), name="recovery"))
         self._tasks.append(asyncio.create_task(self._follow(), name="scale"))
         await self._start_aggregation()
+        await self._start_alerts()
         _log.info(
             "context store %s on %s (%s, %d keys): %s",
             self.store_id,
@@ -231,6 +244,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             layout = self._watch.layout if self._watch is not None else None
             leaving = layout is not None and self.store_id not in (*layout.stores, *layout.previous)
             await self._aggregation.stop(leaving=leaving)
+        if self._alerts is not None:
+            await self._alerts.stop()
         for shipper in self._shippers.values():
             await shipper.close()
         if self._watch is not None:
@@ -279,6 +294,8 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 )
             load.output(len(intents))
             self._aggregate(results, fresh)
+            if self._alerts is not None:
+                self._alerts.observe()
         except StoreFailed as exc:
             self._fail(exc)
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -304,6 +321,31 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             lambda: self.state == SERVING,
         )
         await self._aggregation.start()
+
+    async def _start_alerts(self) -> None:
+        assert self._context is not None and self._entities is not None
+        assert self._entities.alerts is not None
+
+        def mine() -> Callable[[int], bool]:
+            view = self._view()
+            return lambda partition: self._primary_of(view, partition)
+
+        async def durable(puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
+            assert self._committer is not None
+            view = self._view()
+            await asyncio.gather(
+                self._committer.write(puts, deletes), self._replicate(view, puts, deletes)
+            )
+
+        self._alerts = StoreAlerts(
+            self.store_id,
+            self._entities.alerts,
+            self._context,
+            mine,
+            lambda: self.state == SERVING,
+            durable,
+        )
+        await self._alerts.start()
 
     def _aggregate(self, results: list[Any], fresh: list[int]) -> None:
         """Count the writes just applied in the aggregation groups that take them."""

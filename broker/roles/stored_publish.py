@@ -12,6 +12,11 @@ as for an NGSI write. An entity whose upsert changed nothing is published with t
 not). One the store refused (an operator on a value it cannot apply to, say) is named in the
 batch's error while the others stay applied and published.
 
+A batch the connection point has begun to store is run to its end, published too, even if
+its publisher goes away meanwhile (broker.roles.connection_point): else a store write whose
+publisher died (a context store publishing alerts or derived entities, killed) would stay
+unnotified, its change seen by nobody.
+
 Sequences keep their publisher's order: the published entities keep the sequence each had in
 the batch (gaps where nothing was published), so per-publisher order and duplicate removal
 downstream work as for any batch.

@@ -59,6 +59,7 @@ __all__ = [
     "merge_all",
     "parse_definition",
     "parse_duration",
+    "parse_selection",
     "window_attributes",
 ]
 
@@ -312,7 +313,7 @@ def parse_definition(body: Any, tenant: str, scope: str | None) -> Definition:
     description = body.get("description", "")
     if not isinstance(description, str) or len(description) > MAX_TEXT:
         problems.append(f"description must be a text of at most {MAX_TEXT} characters")
-    entity_type, id_pattern, q = _entities(body.get("entities", {}), problems)
+    entity_type, id_pattern, q = parse_selection(body.get("entities", {}), problems)
     levels = _levels(body.get("groupBy"), problems)
     attributes = _names(body.get("attributes"), "attributes", MAX_ATTRIBUTES, problems)
     functions = _names(body.get("functions"), "functions", len(FUNCTIONS), problems)
@@ -351,7 +352,9 @@ def parse_definition(body: Any, tenant: str, scope: str | None) -> Definition:
     return definition
 
 
-def _entities(given: Any, problems: list[str]) -> tuple[str | None, str | None, str]:
+def parse_selection(given: Any, problems: list[str]) -> tuple[str | None, str | None, str]:
+    """The type, idPattern and q of an ``entities`` object (None, None, "": any entity);
+    what is wrong with it added to ``problems``."""
     if not isinstance(given, dict):
         problems.append("entities must be an object: {type, idPattern, q}")
         return None, None, ""

@@ -25,6 +25,10 @@ History (broker.store.history, when recorded): each write's raw rows and level s
 staged with it, in its commit, under ``h``, the partition and the document key's parts:
 keys of the entity's partition too, so they are replicated, copied and dropped with it.
 
+Alert rules (broker.store.alert_log, when given one): the state of each (rule, entity) a
+write moves, and the transitions to publish, are staged with it too, in its commit, under
+``a`` and ``o``, the partition and the document key's parts: keys of the partition as well.
+
 Order and concurrency: writes are applied one at a time on the event loop, in the order
 they arrive; their commits are grouped (one fsync for many writes). A write reads the
 entity as the writes before it left it, committed or not (:attr:`Entities._pending`), so two
@@ -49,6 +53,7 @@ import msgpack
 
 from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
 from broker.model.update import DEFAULT_ENTITY_TYPE
+from broker.store.alert_log import OUTBOX_SPACE, STATE_SPACE, AlertLog
 from broker.store.engine import Engine, GroupCommitter, StorageError
 from broker.store.history import HISTORY_SPACE, HistoryLog, HistoryOptions
 from broker.store.history_query import HistoryQuery, answer_history
@@ -74,7 +79,8 @@ PARTITIONS: Final = 256  # fixed: a store layout divides these among the store p
 _DOCUMENTS: Final = b"d"
 _EXPIRY: Final = b"x"
 _WRITES: Final = b"w"  # w, partition, write id (8 bytes of ms, 8 random): the outcome
-_PARTITIONED: Final = (_DOCUMENTS, _WRITES, HISTORY_SPACE)  # keys that begin with their partition
+# the keys that begin with their partition
+_PARTITIONED: Final = (_DOCUMENTS, _WRITES, HISTORY_SPACE, STATE_SPACE, OUTBOX_SPACE)
 _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
@@ -174,6 +180,7 @@ class _Staged:
     rows: list[list[Any]] = field(default_factory=list)  # the answer of each result
     waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
     fresh: list[int] = field(default_factory=list)  # results applied here, not known before
+    alert_tickets: list[int] = field(default_factory=list)  # alert states pending (AlertLog)
 
     def put(self, key: bytes, value: bytes) -> None:
         """Stage ``key``'s new value. A commit writes its puts, then its deletes, so a key
@@ -192,7 +199,8 @@ class _Staged:
 class Entities:
     """The entities of one engine (module doc), and their history (broker.store.history):
     with ``history`` its writes record it if ``record_history``, and :meth:`forget_history`
-    ages out what is stored, recorded or not. One event loop uses it."""
+    ages out what is stored, recorded or not; with ``alerts`` its writes keep the alert
+    rules' states (broker.store.alert_log). One event loop uses it."""
 
     def __init__(
         self,
@@ -201,6 +209,7 @@ class Entities:
         history: HistoryOptions | None = None,
         *,
         record_history: bool = True,
+        alerts: AlertLog | None = None,
     ) -> None:
         self._engine = engine
         self._committer = committer
@@ -217,6 +226,7 @@ class Entities:
         self.index = EntityIndex(_key_of, _split_key)
         self.history = HistoryLog(engine, history) if history is not None else None
         self._recording = self.history if record_history else None
+        self.alerts = alerts  # the alert rules' states, kept in the writes' commits
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -303,6 +313,9 @@ class Entities:
                 self.history.release(ticket)
         for write_id in staged.ids:
             self._staged.pop(write_id)[2].set()
+        if self.alerts is not None:
+            for ticket in staged.alert_tickets:
+                self.alerts.release(ticket)
 
     def _stage(self, intents: Sequence[Intent], now: float | None) -> _Staged:
         """Apply the writes to what is stored or pending: the results, what to commit, the
@@ -320,6 +333,10 @@ class Entities:
             applied, key, was_bytes = self._apply_one(intent, moment)
             staged.fresh.append(len(staged.results))
             staged.results.append(applied)
+            if self.alerts is not None and key is not None:
+                alerted = self.alerts.stage(key, applied, moment, staged.puts)
+                if alerted is not None:
+                    staged.alert_tickets.append(alerted)
             document = applied.document
             if document is None:
                 value = None
@@ -537,7 +554,7 @@ class Entities:
 
     def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
         """The committed keys and values of these partitions' documents, write outcomes,
-        history and expiry index (what a recovering backup copies)."""
+        history, alert states and expiry index (what a recovering backup copies)."""
         wanted = set(partitions)
         for partition in sorted(wanted):
             for space in _PARTITIONED:
