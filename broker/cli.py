@@ -14,6 +14,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo replay                    broker.commands.replay
     silbo aggregate                 broker.commands.aggregate
+    silbo backfill                  broker.commands.backfill
     silbo bench match               broker.bench.match
     silbo bench e2e                 broker.bench.e2e
     silbo bench scale               broker.bench.scale
@@ -114,6 +115,11 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
         "alert",
         "define alert rules: add, change, list, show, delete (docs/alerts.md)",
         "broker.commands.alert:configure",
+    ),
+    (
+        "backfill",
+        "history levels and aggregation windows recomputed from the archive, on Spark",
+        "broker.commands.backfill:configure",
     ),
 )
 

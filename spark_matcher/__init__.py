@@ -13,6 +13,10 @@ Two methods give the same ``(update, subscription)`` rows as the in-process engi
 own: the updates applied to their entities as the context store applies them
 (:mod:`spark_matcher.history`) before, the HTTP front's decision on each match
 (:mod:`spark_matcher.decisions`) after.
+
+``silbo backfill`` (:mod:`spark_matcher.backfill`) recomputes the context stores' history
+levels and aggregation windows from the archive of their changes
+(:mod:`spark_matcher.archive`), with the stores' own folding functions.
 """
 
 from __future__ import annotations

@@ -175,11 +175,11 @@ def test_the_cluster_demo_runs_short_and_verifies(tmp_path: Path) -> None:
 def test_the_listed_help_is_each_commands_own() -> None:
     """cli.py lists commands without importing them: its one-liners must say what the
     commands' own parsers say."""
-    from broker.commands import down, replay, up
+    from broker.commands import backfill, down, replay, up
 
     listed = {name: text for name, text, _where in cli._COMMANDS}
     assert listed["up"] == up.HELP and listed["down"] == down.HELP
-    assert listed["replay"] == replay.HELP
+    assert listed["replay"] == replay.HELP and listed["backfill"] == backfill.HELP
 
 
 def test_a_broker_process_does_not_import_the_benchmarks() -> None:

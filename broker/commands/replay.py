@@ -29,17 +29,16 @@ import argparse
 import json
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import grpc
 
 from broker.commands.admin import cluster_address
 from broker.commands.publish import positive_int
+from broker.commands.spark_job import Progress, from_spark, spark_cause
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.http_subscriptions import kept_definitions
@@ -76,7 +75,6 @@ _FIELD = re.compile(
     r":?\s+(.*)$",
     re.DOTALL,
 )
-_POLL = 0.5  # seconds between looks at Spark's progress
 
 
 class ReplayFailed(SilboError):
@@ -246,66 +244,6 @@ def _matcher_subscriptions(name: str, address: str, epoch: int) -> list[Subscrip
     return found
 
 
-# -- progress -------------------------------------------------------------------------------
-
-
-class Progress:
-    """One line per step on ``out``; while Spark works, its jobs' progress (a line rewritten
-    in place on a terminal, a line every few seconds otherwise)."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._tty = out.isatty()
-        self._started = time.monotonic()
-
-    def step(self, text: str) -> None:
-        """Say what is being done now."""
-        self._out.write(f"[{time.monotonic() - self._started:6.1f} s] {text}\n")
-        self._out.flush()
-
-    @contextmanager
-    def spark(self, spark: Any, what: str) -> Iterator[None]:
-        """Show the progress of Spark's stages while the block runs."""
-        self.step(what)
-        done = threading.Event()
-        watcher = threading.Thread(
-            target=self._watch, args=(spark.sparkContext.statusTracker(), done), daemon=True
-        )
-        watcher.start()
-        try:
-            yield
-        finally:
-            done.set()
-            watcher.join()
-
-    def _watch(self, tracker: Any, done: threading.Event) -> None:
-        shown, last = "", 0.0
-        every = _POLL if self._tty else 5.0
-        while not done.wait(_POLL):
-            text = _stages(tracker)
-            if not text or text == shown or time.monotonic() - last < every:
-                continue
-            shown, last = text, time.monotonic()
-            if self._tty:
-                self._out.write(f"\r\x1b[K  {text}")
-            else:
-                self._out.write(f"  {text}\n")
-            self._out.flush()
-        if self._tty and shown:
-            self._out.write("\r\x1b[K")
-            self._out.flush()
-
-
-def _stages(tracker: Any) -> str:
-    """The active stages as ``stage 3: 5/8 tasks``, joined."""
-    shown = []
-    for stage_id in sorted(tracker.getActiveStageIds()):
-        info = tracker.getStageInfo(stage_id)
-        if info is not None:
-            shown.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks")
-    return ", ".join(shown)
-
-
 # -- the command ----------------------------------------------------------------------------
 
 
@@ -320,9 +258,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{_PROG}: failed: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # Spark's errors are Py4J and PySpark exceptions of all kinds
-        if not _from_spark(exc):
+        if not from_spark(exc):
             raise
-        print(f"{_PROG}: Spark failed: {_cause(exc)}", file=sys.stderr)
+        print(f"{_PROG}: Spark failed: {spark_cause(exc)}", file=sys.stderr)
         return 1
 
 
@@ -442,28 +380,6 @@ def _write(frame: Any, out: Path) -> int:
             written.write("\n")
             count += 1
     return count
-
-
-def _from_spark(exc: BaseException) -> bool:
-    return type(exc).__module__.split(".")[0] in ("pyspark", "py4j")
-
-
-def _cause(exc: BaseException) -> str:
-    """The root cause of a Spark error, in one line."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            while java.getCause() is not None:
-                java = java.getCause()
-            return str(java.toString()).splitlines()[0]
-        except Exception:  # the JVM may be gone: fall back on the Python text
-            pass
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    if "Traceback" in str(exc):  # an error of a Python worker: its last line says what
-        return lines[-1]
-    return lines[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

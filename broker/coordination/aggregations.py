@@ -12,7 +12,8 @@ after it was written, so that every store knows it by then; ``previous`` is the 
 replaced, which keeps applying to the panes before ``since``. A front writes
 (:class:`AggregationStore`: create, replace, remove, read, list, with kazoo's asynchronous
 calls awaited on its loop); every context store follows them through one
-:class:`DefinitionsWatch` (a kazoo TreeCache), told the whole set on each change.
+:class:`DefinitionsWatch` (a kazoo TreeCache), told the whole set on each change; a tool
+(``silbo backfill``) reads them once (:func:`kept_aggregations`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "AggregationStore",
     "DefinitionsWatch",
     "Kept",
+    "kept_aggregations",
     "since_for",
 ]
 
@@ -223,6 +225,30 @@ class AggregationStore:
 
 
 Definitions = dict[str, Stored]  # znode name -> what it holds
+
+
+def kept_aggregations(client: KazooClient) -> tuple[Definitions, dict[str, str]]:
+    """Every definition kept, by znode name, and why the ones that are not readable are not
+    (left out, as the stores leave them): a synchronous read for tools (``silbo backfill
+    --state-dir``)."""
+    found: Definitions = {}
+    unreadable: dict[str, str] = {}
+    with translated("read the aggregations"):
+        try:
+            names = sorted(client.get_children(AGGREGATIONS))
+        except NoNodeError:
+            return found, unreadable
+        for name in names:
+            try:
+                data, _stat = client.get(f"{AGGREGATIONS}/{name}")
+                found[name] = _decode(f"{AGGREGATIONS}/{name}", bytes(data))
+            except NoNodeError:
+                continue  # removed meanwhile
+            except CorruptCoordinationData as exc:
+                unreadable[name] = str(exc)
+    return found, unreadable
+
+
 Changed = Callable[[Definitions], None]  # told on the loop, with every definition
 
 

@@ -35,7 +35,9 @@ its registration's missing ones; those it no longer holds once a layout settles 
 dropped.
 
 Aggregation groups (broker.roles.store_aggregation, docs/aggregation.md): the writes ``Apply``
-applied are folded into the groups' panes; ``Aggregate`` takes the other stores' reports.
+applied are folded into the groups' panes, at the time they were applied (their panes close
+only once no write of an earlier time is being applied); ``Aggregate`` takes the other
+stores' reports.
 
 Alert rules (broker.roles.store_alerts, docs/alerts.md): the writes ``Apply`` applies keep
 the rules' states and the transitions to publish in their own commits
@@ -167,6 +169,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._registration = Registration("")
         self._yielded: dict[int, float] = {}  # partition given back: until when it is refused
         self._in_flight: dict[int, set[int]] = {}  # applies running: their partitions
+        self._applying: dict[int, float] = {}  # applies running: their writes' time
         self._settled = asyncio.Event()
         self._numbers = iter(range(1, 1 << 62))
         self._aggregation: StoreAggregation | None = None
@@ -285,15 +288,17 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         load = self._load()
         try:
             await load.admit(len(intents))
+            now = self._applying[number] = time.time()  # the writes' time (aggregation)
             with load.working(len(intents)):
                 results = await entities.apply(
                     intents,
+                    now=now,
                     replicate=lambda puts, deletes: self._replicate(view, puts, deletes),
                     rows=rows,
                     fresh=fresh,
                 )
             load.output(len(intents))
-            self._aggregate(results, fresh)
+            self._aggregate(results, fresh, now)
             if self._alerts is not None:
                 self._alerts.observe()
         except StoreFailed as exc:
@@ -304,6 +309,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             del self._in_flight[number]
+            self._applying.pop(number, None)
             self._settled.set()
         return wire.StoreAnswer(body=encode_results(results, rows))
 
@@ -319,6 +325,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             self._context,
             self._view,
             lambda: self.state == SERVING,
+            lambda: min(self._applying.values(), default=None),
         )
         await self._aggregation.start()
 
@@ -347,10 +354,11 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         )
         await self._alerts.start()
 
-    def _aggregate(self, results: list[Any], fresh: list[int]) -> None:
-        """Count the writes just applied in the aggregation groups that take them."""
+    def _aggregate(self, results: list[Any], fresh: list[int], now: float) -> None:
+        """Count the writes just applied (at ``now``) in the aggregation groups that take
+        them."""
         if self._aggregation is not None:
-            self._aggregation.observe(results, fresh)
+            self._aggregation.observe(results, fresh, now)
 
     async def Aggregate(
         self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]

@@ -7,9 +7,13 @@ module carries them (docs/aggregation.md):
   aggregator as versions on every change;
 - the writes: the store's ``Apply`` hands over what it applied (:meth:`StoreAggregation.
   observe`), once durable, without the writes sent again (their first sending counted);
+  each counts at its own time (when it was applied: event time, not when it is observed);
 - every :data:`TICK` seconds: panes closed and made durable (one commit), a report to every
   serving store (``ContextStore.Aggregate``, this one's own taken directly), then the windows
-  due written.
+  due written. Panes close up to the time the store gives (``oldest``): the time of the
+  oldest write it is applying, if any (observed once durable, it counts at that time or
+  later), else the clock; so a write is never later than its pane's close, but when the
+  clock goes back.
 
 Derived writes go through a connection point like a gRPC publisher's with ``store`` set
 (broker.roles.stored_publish): upserted in the context store (at the primary of the derived
@@ -41,7 +45,6 @@ from broker.ngsi.entity import to_wire
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.process import ProcessContext
 from broker.runtime.token import call_metadata
-from broker.store.aggregation import parse_definition
 from broker.store.aggregation_runtime import (
     KEY_SPACE,
     Aggregator,
@@ -57,7 +60,7 @@ from broker.store.wire import pack, unpack
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
-__all__ = ["REPORT_TIMEOUT", "TICK", "StoreAggregation"]
+__all__ = ["REPORT_TIMEOUT", "TICK", "StoreAggregation", "versions_of"]
 
 TICK: Final = 0.1  # seconds between rounds of closing, reporting and writing
 REPORT_TIMEOUT: Final = 2.0  # seconds another store may take to take a report
@@ -66,6 +69,25 @@ PUBLISH_TIMEOUT: Final = 10.0  # seconds a connection point may take to store de
 _CONNECTION_POINT: Final = "connection-point"
 
 _log = logging.getLogger(__name__)
+
+
+def versions_of(stored: Stored) -> list[Version]:
+    """The versions a kept aggregation applies: its current one, and the one it replaced up
+    to the current one's ``since`` (InvalidInput if a document is not a definition)."""
+    now, before = stored.current, stored.previous
+    versions = [Version.parse(now.document, now.tenant, now.service_path, now.version, now.since)]
+    if before is not None:
+        versions.append(
+            Version.parse(
+                before.document,
+                before.tenant,
+                before.service_path,
+                before.version,
+                before.since,
+                now.since,
+            )
+        )
+    return versions
 
 
 class StoreAggregation:
@@ -79,8 +101,11 @@ class StoreAggregation:
         context: ProcessContext,
         view: Callable[[], StoreView],
         serving: Callable[[], bool],
+        oldest: Callable[[], float | None],
     ) -> None:
+        """``oldest``: the time of the oldest write the store is applying (None: none is)."""
         self._engine = engine
+        self._oldest = oldest
         self._committer = committer
         self._context = context
         self._view = view
@@ -149,11 +174,11 @@ class StoreAggregation:
         if left:
             _log.warning("aggregation: %d panes not handed over before stopping", left)
 
-    def observe(self, applied: Sequence[Applied], fresh: Sequence[int]) -> None:
-        """Count the writes of one ``Apply`` (``fresh``: the indexes of those applied by
-        it, not answered from an earlier sending)."""
+    def observe(self, applied: Sequence[Applied], fresh: Sequence[int], now: float) -> None:
+        """Count the writes of one ``Apply``, applied at ``now`` (``fresh``: the indexes of
+        those applied by it, not answered from an earlier sending)."""
         if self.aggregator.active:
-            self.aggregator.observe((applied[i] for i in fresh), time.time())
+            self.aggregator.observe((applied[i] for i in fresh), now)
 
     def receive(self, body: bytes) -> bytes:
         """Take another store's report (``ContextStore.Aggregate``); the answer."""
@@ -165,13 +190,7 @@ class StoreAggregation:
         versions = []
         for name, stored in known.items():
             try:
-                now = stored.current
-                definition = parse_definition(now.document, now.tenant, now.service_path)
-                versions.append(Version(definition, now.version, now.since))
-                before = stored.previous
-                if before is not None:
-                    old = parse_definition(before.document, before.tenant, before.service_path)
-                    versions.append(Version(old, before.version, before.since, now.since))
+                versions += versions_of(stored)
             except SilboError as exc:
                 _log.error("aggregation %s is not used: %s", name, exc)
         self.aggregator.define(versions)
@@ -192,7 +211,8 @@ class StoreAggregation:
 
     async def _tick(self) -> None:
         aggregator = self.aggregator
-        aggregator.close(time.time())
+        now, oldest = time.time(), self._oldest()
+        aggregator.close(now if oldest is None else min(now, oldest))
         puts, deletes = aggregator.durable()
         if puts or deletes:
             await self._committer.write(puts, deletes)

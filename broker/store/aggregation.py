@@ -23,7 +23,10 @@ Windows: tumbling (``size``) or sliding (``size`` and ``slide``, the size a whol
 of the slide, at most :data:`MAX_PANES` panes). Time is cut into panes of ``slide`` seconds
 from the epoch; a window is the ``size / slide`` panes before its end, so a sliding window is
 exact: its panes are merged, nothing is subtracted. A value counts in the pane of the time
-its write was applied by the store (level 0), or of its window's pane (levels above).
+its write at level 0 (:func:`event_time`: when the store applied it, which is the entity's
+new ``dateModified`` if the write changed it, in whole microseconds, as the archive keeps
+it), or of its window's pane (levels above). So the live stores and a backfill from the
+archive (``silbo backfill``) put every value in the same pane.
 
 Which values count: a write's attributes that the request named (so an update repeating a
 value counts it again, as a reading) whose value is a number (not a boolean); any other
@@ -41,6 +44,7 @@ from typing import Any, Final
 from broker.errors import InvalidInput, SilboError
 from broker.model.change import Alteration, Change
 from broker.model.identifiers import DEFAULT_SCOPE, check_identifier, check_scope
+from broker.store.history_fold import micros
 from broker.store.query import EntityQuery, Selector, matches
 from broker.store.semantics import Document, iso8601
 
@@ -56,6 +60,7 @@ __all__ = [
     "Window",
     "contributions",
     "derived_pane",
+    "event_time",
     "merge_all",
     "parse_definition",
     "parse_duration",
@@ -457,14 +462,22 @@ def parse_duration(given: Any, what: str) -> float:
 # -- folding --------------------------------------------------------------------------------
 
 
+def event_time(document: Document, now: float) -> float:
+    """The time (epoch s) a write the store applied at ``now`` counts at: ``now``, or its
+    entity's ``dateModified`` if later (dates never go back: a write that changed the entity
+    made it its ``dateModified``), in whole microseconds (broker.store.history_fold.micros),
+    as the archive's ``time`` holds it."""
+    return micros(max(now, document.date_modified)) / 1_000_000
+
+
 def contributions(
     definition: Definition,
     document: Document | None,
     change: Change | None,
     at: float,
 ) -> list[Contribution]:
-    """What one applied write (its entity now and its change, applied at ``at``) adds to
-    the definition's panes, at every level that takes it."""
+    """What one applied write (its entity now and its change, at ``at``: its
+    :func:`event_time`) adds to the definition's panes, at every level that takes it."""
     if document is None or change is None or change.alteration is Alteration.DELETE:
         return []
     found: list[Contribution] = []

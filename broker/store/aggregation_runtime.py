@@ -5,12 +5,17 @@ No I/O here: the store's aggregation loop (broker.roles.store_aggregation) feeds
 :class:`Aggregator` and carries what it gives out. Each store process is both:
 
 - a **source**: every write it applies (as a partition's primary) folds into its own panes
-  (:meth:`Aggregator.observe`, broker.store.aggregation). A pane *closes* here once its end
-  is past: level 0 at ``end + GRACE`` by this process's clock, a level above once this
-  process, as an owner, has written every window of the level below up to its end (so the
-  derived values it is made of have been applied here). Closed panes are made durable in
-  the store's engine (key space ``g``) and sent, each to the *owner* of its group key:
-  the primary of the derived entity's partition. A source keeps a pane, and sends it again
+  (:meth:`Aggregator.observe`, broker.store.aggregation), in the pane of the write's own
+  time (when the store applied it, its entity's new ``dateModified``: ``event_time``, not
+  when it is observed, so that a backfill from the archive puts it in the same pane). A
+  pane *closes* here once its end is past: level 0 at ``end + GRACE`` by the time
+  :meth:`Aggregator.close` is given (the store gives the time of the oldest write it is
+  still applying, if any, else its clock: a write not yet observed has a later time, so it
+  never finds its pane closed), a level above once this process, as an owner, has written
+  every window of the level below up to its end (so the derived values it is made of have
+  been applied here). Closed panes are made durable in the store's engine (key space
+  ``g``) and sent, each to the *owner* of its group key: the primary of the derived
+  entity's partition. A source keeps a pane, and sends it again
   to an owner that restarted or changed, until the owner says every window holding it was
   written :data:`RETAIN` seconds ago. Every report also carries the source's *marks*: per
   group and level, the end up to which its panes are closed.
@@ -20,7 +25,8 @@ No I/O here: the store's aggregation loop (broker.roles.store_aggregation) feeds
   entity's attributes (broker.store.aggregation.window_attributes). It keeps how far it
   wrote in its engine too, so that a restart does not write old windows again from the
   panes the sources still hold. A pane that changes after it was sent (*late*: a value of a
-  level above that came after its close) writes its windows again: a correction.
+  level above that came after its close, or a write whose time is behind the marks: a clock
+  gone back) writes its windows again: a correction.
 
 Versions: a group's definition applies from ``since``, a pane boundary at least a second
 after it was made or changed (so every store has it by then); the one it replaced keeps
@@ -41,7 +47,14 @@ from typing import Any, Final
 
 import msgpack
 
-from broker.store.aggregation import Definition, Partial, contributions, window_attributes
+from broker.store.aggregation import (
+    Definition,
+    Partial,
+    contributions,
+    event_time,
+    parse_definition,
+    window_attributes,
+)
 from broker.store.semantics import Applied
 
 __all__ = [
@@ -79,6 +92,20 @@ class Version:
     number: int
     since: float
     until: float | None = None
+
+    @classmethod
+    def parse(
+        cls,
+        document: Any,
+        tenant: str,
+        service_path: str | None,
+        number: int,
+        since: float,
+        until: float | None = None,
+    ) -> Version:
+        """The version a kept definition is (broker.coordination.aggregations: its document,
+        tenant, service path...); InvalidInput if the document is not a definition."""
+        return cls(parse_definition(document, tenant, service_path), number, since, until)
 
     def covers(self, pane: float) -> bool:
         """Tell whether the pane starting at ``pane`` is this version's."""
@@ -179,8 +206,9 @@ class Aggregator:
 
     # -- source side ---------------------------------------------------------------------
 
-    def observe(self, applied: Iterable[Applied], at: float) -> None:
-        """Fold writes applied here at ``at`` into this source's panes."""
+    def observe(self, applied: Iterable[Applied], now: float) -> None:
+        """Fold writes the store applied at ``now`` into this source's panes, each at its
+        time (broker.store.aggregation.event_time)."""
         for one in applied:
             document = one.document
             if document is None or one.change is None:
@@ -188,6 +216,7 @@ class Aggregator:
             versions = self._by_tenant.get(document.tenant)
             if not versions:
                 continue
+            at = event_time(document, now)
             for version in versions:
                 definition = version.definition
                 for found in contributions(definition, document, one.change, at):
@@ -210,6 +239,7 @@ class Aggregator:
         at: float,
     ) -> None:
         pane = self._panes.get(pane_key)
+        new = pane is None
         if pane is None:
             pane = self._panes[pane_key] = _Pane()
         partials = pane.parts.setdefault(child, {})
@@ -225,11 +255,17 @@ class Aggregator:
             end = pane_key[6] + definition.window.slide
             mark = self._marks.get(pane_key[:4])
             if mark is not None and end <= mark:
+                # the marks passed it before it held anything (a clock gone back, a value
+                # of a level above after its windows were written): its owner may have
+                # written them without it, so it writes them again
                 pane.closed = True
+                pane.late = new
                 self._unsaved.add(pane_key)
 
     def close(self, now: float) -> None:
-        """Move this source's marks to ``now`` and close the panes they passed."""
+        """Move this source's marks to ``now`` and close the panes they passed: level 0's
+        up to ``now - GRACE``, so ``now`` must be before the time of any write still to be
+        observed (the store gives the oldest time of a write it is applying)."""
         for (tenant, group, number), version in self._versions.items():
             window = version.definition.window
             below = math.floor((now - GRACE) / window.slide) * window.slide

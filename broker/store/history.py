@@ -52,6 +52,7 @@ import msgpack
 from broker.errors import InvalidInput
 from broker.store.history_fold import (
     Level,
+    Sample,
     aggregated,
     folded,
     micros,
@@ -77,6 +78,7 @@ __all__ = [
     "attribute_prefix",
     "entity_prefix",
     "key_time",
+    "recordable",
 ]
 
 HISTORY_SPACE: Final = b"h"
@@ -142,6 +144,11 @@ class HistoryOptions:
         return dict(self.retention)[kind]
 
 
+def recordable(samples: list[Sample]) -> list[Sample]:
+    """The samples a store records: those whose attribute name can be in a key (no NUL)."""
+    return [s for s in samples if "\x00" not in s.attribute]
+
+
 def entity_prefix(document_key: bytes) -> bytes:
     """The prefix of an entity's history keys, from its document key."""
     return HISTORY_SPACE + document_key[1:] + _SEP
@@ -195,7 +202,7 @@ class HistoryLog:
         """Add to a commit's ``puts`` and ``deletes`` what the write ``applied`` to the
         document at ``key`` records (pending under ``ticket`` until :meth:`release`)."""
         moment, samples = samples_of(applied)
-        samples = [s for s in samples if "\x00" not in s.attribute]
+        samples = recordable(samples)
         if not samples:
             return
         before = applied.before

@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -54,6 +54,7 @@ __all__ = [
     "Sample",
     "Slot",
     "aggregated",
+    "changed_samples",
     "folded",
     "merged",
     "micros",
@@ -126,13 +127,18 @@ def samples_of(applied: Applied) -> tuple[int, list[Sample]]:
     change, document = applied.change, applied.document
     if change is None or document is None or not change.changed:
         return 0, []
-    attributes = document.attributes
-    samples = [
+    return micros(document.date_modified), changed_samples(change.changed, document.attributes)
+
+
+def changed_samples(changed: Iterable[str], attributes: Mapping[str, Any]) -> list[Sample]:
+    """The samples of a write that changed the attributes ``changed`` and left the entity's
+    ``attributes`` (name: {type, value...}): one per changed attribute it left, by name (what
+    :func:`samples_of` gives, and a backfill from an archived change's columns)."""
+    return [
         Sample(name, attributes[name]["type"], attributes[name]["value"])
-        for name in sorted(change.changed)
+        for name in sorted(changed)
         if name in attributes
     ]
-    return micros(document.date_modified), samples
 
 
 def raw_value(sample: Sample) -> bytes:

@@ -112,6 +112,7 @@ __all__ = [
     "Write",
     "apply",
     "builtin_attributes",
+    "expiry_of",
     "iso8601",
     "notification_metadata",
 ]
@@ -348,7 +349,7 @@ def _create(write: Write, now: float) -> Applied:
         attributes,
         now,
         now,
-        _expiry(attributes),
+        expiry_of(attributes),
         dict.fromkeys(attributes, (now, now)),
     )
     names = frozenset(write.attributes)
@@ -443,7 +444,7 @@ def _stored(
         attributes=attributes,
         attribute_dates=dates,
         date_modified=stamp,
-        date_expires=_expiry(attributes),
+        date_expires=expiry_of(attributes),
     )
 
 
@@ -527,7 +528,8 @@ def _check_expiry(attributes: Attributes, written: Iterable[str]) -> None:
         raise InvalidUpdate("dateExpires must be a DateTime: it is the entity's expiration date")
 
 
-def _expiry(attributes: Attributes) -> float | None:
+def expiry_of(attributes: Attributes) -> float | None:
+    """The entity's expiry (epoch s) its ``dateExpires`` attribute gives (None: none)."""
     attribute = attributes.get("dateExpires")
     if attribute is None or attribute["type"] not in DATE_TYPES:
         return None

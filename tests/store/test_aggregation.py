@@ -410,3 +410,33 @@ def test_marks_of_a_source_no_longer_serving_are_forgotten() -> None:
     assert owner.due(["a", "b"], lambda _t, _e: True)[1].advance  # b's infinite mark counts
     owner.forget_marks(["a"])  # b left, then came back with the same id: no mark of it yet
     assert not owner.due(["a", "b"], lambda _t, _e: True)[1].advance
+
+
+def test_a_write_behind_the_marks_is_written_again_not_lost() -> None:
+    # a write whose time the marks passed (the store's clock went back) in a pane the
+    # source never held: its window was written without it, so it is written again with it
+    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
+    store = Aggregator("s1", 1)
+    store.define([Version(group, 1, T0)])
+    derived: list[DerivedWrite] = []
+
+    def tick(now: float) -> None:
+        store.close(now)
+        for target, (report, sent) in store.reports(lambda _t, _i: "s1", ["s1"]).items():
+            store.answered(target, store.receive(report), sent)
+        writes, settled = store.due(["s1"], lambda _t, _i: True)
+        derived.extend(writes)
+        store.written(settled)
+
+    def sensor(building: str) -> Applied:
+        attributes = {"temperature": 1.0, "refBuilding": building}
+        return written(document("S1", "Sensor", attributes), ["temperature"])
+
+    store.observe([sensor("B1")], T0 + 0.5)
+    tick(T0 + 1.4)  # the owner learns the source's marks from its second report on
+    tick(T0 + 1.5)
+    store.observe([sensor("B1"), sensor("B2")], T0 + 0.7)
+    tick(T0 + 1.6)
+    counts = [w.attributes["temperature_count_1s"]["value"] for w in derived]
+    shown = [(w.entity_id, w.end - T0, c) for w, c in zip(derived, counts, strict=True)]
+    assert shown == [("B1", 1.0, 1), ("B1", 1.0, 2), ("B2", 1.0, 1)]
