@@ -19,7 +19,7 @@ mosquitto:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,bench,test]'
+	$(PY) -m pip install --quiet -e '.[spark,archive,bench,test]'
 	touch $(STAMP)
 
 lint: install

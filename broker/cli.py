@@ -13,6 +13,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo up / silbo down           broker.commands.up, broker.commands.down
     silbo publish / subscribe       broker.commands.publish, broker.commands.subscribe
     silbo replay                    broker.commands.replay
+    silbo archive status            broker.commands.archive
     silbo aggregate                 broker.commands.aggregate
     silbo backfill                  broker.commands.backfill
     silbo bench match               broker.bench.match
@@ -58,7 +59,8 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "run",
-        "run one broker process (connection point, access point, matcher, exit point)",
+        "run one broker process (connection point, access point, matcher, exit point, "
+        "context store, archiver)",
         "broker.commands.run:configure",
     ),
     (
@@ -105,6 +107,11 @@ _COMMANDS: tuple[tuple[str, str, str], ...] = (
         "replay",
         "the notifications a file of updates would have made, on Spark (docs/spark.md)",
         "broker.commands.replay:configure",
+    ),
+    (
+        "archive",
+        "the archive of every change the context stores apply: status (docs/archive.md)",
+        "broker.commands.archive:configure",
     ),
     (
         "aggregate",

@@ -1,7 +1,8 @@
 """The optional parts of Silbo (the extras of ``pip install silbo[...]``) and their check.
 
 The core install is the broker. ``[spark]`` adds the Spark matcher (``silbo replay``, the
-Spark offload, ``silbo bench spark``); ``[bench]`` the plots of ``silbo bench``; ``[test]`` the
+Spark offload, ``silbo bench spark``); ``[archive]`` the archive's Parquet files (``silbo
+run archiver``, ``silbo archive status``); ``[bench]`` the plots of ``silbo bench``; ``[test]`` the
 test and lint tools. Code that needs an extra imports it where it is used, after
 :func:`require`, so ``import broker`` and ``silbo run`` work without any extra.
 """
@@ -17,6 +18,7 @@ __all__ = ["EXTRAS", "require"]
 # extra -> the modules it provides that Silbo imports
 EXTRAS: dict[str, tuple[str, ...]] = {
     "spark": ("pyspark", "pandas", "pyarrow"),
+    "archive": ("pyarrow",),
     "bench": ("matplotlib",),
 }
 

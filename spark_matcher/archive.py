@@ -43,6 +43,7 @@ from broker.store.semantics import Document, expiry_of
 
 __all__ = [
     "ARCHIVE_COLUMNS",
+    "ARCHIVE_SCHEMA",
     "DEFAULT_TENANT",
     "any_change",
     "archive_day",
@@ -60,6 +61,9 @@ ARCHIVE_COLUMNS: Final = (
     "requested ARRAY<STRING>, entity STRING, date_created BIGINT"
 )
 _DIRECTORIES: Final = "tenant STRING, day STRING, type STRING"  # the partition columns
+ARCHIVE_SCHEMA: Final = f"{ARCHIVE_COLUMNS}, {_DIRECTORIES}"
+"""The archive's columns as Spark reads its root: a file's, then the directories' (read as
+strings: inferred, ``day`` would be a date and a numeric-looking ``type`` a number)."""
 DEFAULT_TENANT: Final = "_"  # the directory of the default tenant ("")
 _OWN: Final = ("id", "type")  # keys of the entity JSON that are never attributes
 _SCOPE: Final = ("tenant", "servicePath")  # ... that are attributes only if shaped as one
@@ -74,7 +78,7 @@ def open_archive(spark: Any, root: str) -> Any:
     """The archive under ``root`` (a path or URL Spark reads) as written, its files listed
     once: what :func:`read_changes` and :func:`any_change` select from (an
     AnalysisException with PATH_NOT_FOUND if ``root`` is not there)."""
-    return spark.read.schema(f"{ARCHIVE_COLUMNS}, {_DIRECTORIES}").parquet(root)
+    return spark.read.schema(ARCHIVE_SCHEMA).parquet(root)
 
 
 def read_changes(

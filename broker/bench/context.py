@@ -4,7 +4,7 @@
                         [--duration S] [--windows K] [--write-entities N]
                         [--http-batch B] [--http-clients C] [--reads R]
                         [--query-entities N] [--query-runs K] [--entities N]
-                        [--history on|off]
+                        [--history on|off] [--archive on|off]
                         [--quick] [--dir DIR] [--profile DIR] [--json] [--plot FILE.png]
 
 Every figure is measured on real processes: for each count n of ``--stores`` a local cluster
@@ -125,6 +125,7 @@ _PARAMETERS: Final = (
     "query_runs",
     "entities",
     "history",
+    "archive",
     "seed",
 )
 
@@ -223,6 +224,8 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
         state_dir=state,
         log_level="WARNING",
         store_history=args.history == "on",
+        archive=str(state / "archive") if args.archive == "on" else "",
+        archive_interval=2.0,  # batches while the windows run: the pulls and trims cost too
     )
     _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
     cluster = LocalCluster(spec)
@@ -829,6 +832,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add(
         "--history", choices=["on", "off"], default="off",
         help="the stores record attribute history (default off; docs/history.md)",
+    )  # fmt: skip
+    add(
+        "--archive", choices=["on", "off"], default="off",
+        help="the stores record every change and an archiver moves them to Parquet files in "
+        "the state directory (default off; docs/archive.md)",
     )  # fmt: skip
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
     add("--quick", action="store_true", help="a smoke run: small sizes, short phases")

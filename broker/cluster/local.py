@@ -76,6 +76,7 @@ from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
 from broker.processes import command_line, running
 from broker.runtime.options import (
+    DEFAULT_ARCHIVE_INTERVAL,
     DEFAULT_CLUSTER,
     PEER_HANG_AFTER,
     SESSION_GRACE,
@@ -137,6 +138,10 @@ class ClusterSpec:
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     store_history: bool = False  # --history on of every context store (docs/history.md)
     history_retention: str = ""  # their --history-retention ('': the defaults)
+    # the archive (docs/archive.md): where an archiver writes it ('': no archive, no archiver),
+    # the stores then record their changes; the archiver's --archive-interval
+    archive: str = ""
+    archive_interval: float = DEFAULT_ARCHIVE_INTERVAL
     # --max-rate of every process of a layer: (role value, items a second), capacity emulation
     max_rates: tuple[tuple[str, float], ...] = ()
     replicas: int = DEFAULT_REPLICAS  # matchers that hold each subscription
@@ -200,6 +205,10 @@ class ClusterSpec:
                 problems.append(f"--history-retention: {exc}")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
+        if not self.archive_interval > 0:
+            problems.append(
+                f"--archive-interval must be positive seconds, not {self.archive_interval:g}"
+            )
         if not self.http_read_timeout > 0:
             problems.append(f"--http-read-timeout must be positive, not {self.http_read_timeout}")
         if (problem := window_problem(self.retry_window, "--retry-window")) is not None:
@@ -221,6 +230,7 @@ class ClusterSpec:
             Role.EXIT_POINT: self.exit_points,
             Role.ACCESS_POINT: self.access_points,
             Role.CONNECTION_POINT: self.connection_points,
+            Role.ARCHIVER: 1 if self.archive else 0,
         }
 
 
@@ -245,6 +255,8 @@ class ChildOptions:
     max_rates: tuple[tuple[str, float], ...] = ()  # (role value, --max-rate) per capped layer
     store_history: bool = False  # context stores: --history on
     history_retention: str = ""  # context stores: --history-retention ('': the defaults)
+    archive: str = ""  # the archiver's --archive (absolute); the stores' --archive on if set
+    archive_interval: float = DEFAULT_ARCHIVE_INTERVAL  # the archiver's --archive-interval
 
     @classmethod
     def of(cls, spec: ClusterSpec) -> ChildOptions:
@@ -265,6 +277,8 @@ class ChildOptions:
             tuple(spec.max_rates),
             spec.store_history,
             spec.history_retention,
+            str(Path(spec.archive).resolve()) if spec.archive else "",
+            spec.archive_interval,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,6 +299,8 @@ class ChildOptions:
             "max_rates": dict(self.max_rates),
             "store_history": self.store_history,
             "history_retention": self.history_retention,
+            "archive": self.archive,
+            "archive_interval": self.archive_interval,
         }
 
     @classmethod
@@ -315,6 +331,10 @@ class ChildOptions:
                 extra += ["--history", "on"]
             if self.history_retention:
                 extra += ["--history-retention", self.history_retention]
+            if self.archive:
+                extra += ["--archive", "on"]
+        if role is Role.ARCHIVER:
+            extra += ["--archive", self.archive, "--archive-interval", f"{self.archive_interval:g}"]
         if role is Role.CONNECTION_POINT and self.http_port is not None:
             http = self.http_port and self.http_port + number - 1
             extra += [

@@ -1,7 +1,9 @@
 """``silbo replay``: the notifications a file of updates would have made, on Spark.
 
-    silbo replay --updates FILE (--subscriptions FILE | --state-dir DIR) --out FILE
-                 [--initial-state FILE] [--master URL] [--partitions P] [--method M]
+    silbo replay (--updates FILE [--initial-state FILE]
+                  | --archive PATH [--tenant T] [--from TIME] [--to TIME])
+                 (--subscriptions FILE | --state-dir DIR) --out FILE
+                 [--master URL] [--partitions P] [--method M]
 
 ``--updates`` is JSON lines (one NGSI v2 entity in normalized form per line, with the
 optional ``tenant``, ``servicePath`` and ``time``) or a ``.parquet`` with those columns.
@@ -9,6 +11,11 @@ Each update is an upsert of its entity, applied in order as the context store ap
 from no entities (or those of ``--initial-state``, in the same form); the entity it leaves
 is matched, and the front's decision taken on each match at the update's time
 (spark_matcher.replay: the state, matching and decision passes).
+``--archive`` takes instead the changes a cluster's stores applied, from its archive
+(docs/archive.md; spark_matcher.archive_replay): each row holds the entity as published and its
+change, so the state pass is not run; ``update`` is then a change's position in the
+archive's order (time, partition, sequence) among those selected (``--tenant``, and
+``--from`` included to ``--to`` excluded: epoch seconds or ISO 8601 dates).
 ``--subscriptions`` is a JSON array of NGSI v2 subscriptions as Orion lists them (each with
 its ``id``; ``tenant`` and ``servicePath`` give the scope it was created under), read with
 the HTTP front's validation; ``--state-dir`` takes instead the subscriptions a running
@@ -26,6 +33,7 @@ line with its cause, exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -36,6 +44,7 @@ from typing import Any
 
 import grpc
 
+from broker.archive.files import MARKER
 from broker.commands.admin import cluster_address
 from broker.commands.publish import positive_int
 from broker.commands.spark_job import Progress, from_spark, spark_cause
@@ -45,6 +54,7 @@ from broker.coordination.http_subscriptions import kept_definitions
 from broker.coordination.membership import members
 from broker.errors import InvalidInput, MissingExtra, QuerySyntaxError, SilboError
 from broker.extras import require
+from broker.model.attribute import parse_iso8601
 from broker.model.identifiers import DEFAULT_SCOPE, check_scope, check_tenant
 from broker.model.subscription import Subscription
 from broker.partition.parts import unpack_part
@@ -83,7 +93,14 @@ class ReplayFailed(SilboError):
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``silbo replay``."""
-    parser.add_argument("--updates", required=True, type=Path, help="JSON lines or .parquet")
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--updates", type=Path, help="JSON lines or .parquet")
+    given.add_argument(
+        "--archive",
+        default=None,
+        metavar="PATH",
+        help="the changes of a cluster's archive instead (silbo up --archive; docs/archive.md)",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--subscriptions", type=Path, help="a JSON array of NGSI v2 subscriptions")
     source.add_argument(
@@ -97,6 +114,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="entities there before the first update (JSON lines or .parquet, as --updates)",
+    )
+    parser.add_argument(
+        "--tenant", default=None, help="with --archive: only this tenant's changes ('': default)"
+    )
+    parser.add_argument(
+        "--from",
+        dest="since",
+        default=None,
+        metavar="TIME",
+        help="with --archive: changes from this time (epoch seconds or ISO 8601), included",
+    )
+    parser.add_argument(
+        "--to",
+        dest="until",
+        default=None,
+        metavar="TIME",
+        help="with --archive: changes before this time (epoch seconds or ISO 8601)",
     )
     parser.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     parser.add_argument(
@@ -271,9 +305,45 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise InvalidInput(f"--out {args.out}: no directory {args.out.parent}")
     if args.state_dir is not None and args.partitions is not None:
         raise InvalidInput("--partitions goes with --subscriptions (a cluster has its matchers)")
+    if args.archive is None:
+        for option in ("tenant", "since", "until"):
+            if getattr(args, option) is not None:
+                name = {"since": "from", "until": "to"}.get(option, option)
+                raise InvalidInput(f"--{name} goes with --archive")
+    else:
+        if args.initial_state is not None:
+            raise InvalidInput("--initial-state goes with --updates (an archive holds entities)")
+        _check_archive(args.archive)
+        if args.tenant is not None:
+            check_tenant(args.tenant)
     for given in (args.updates, args.initial_state):
         if given is not None:
             _check_input(given)
+
+
+def _check_archive(root: str) -> None:
+    """InputError unless a local ``root`` is an archive's directory (a URL is Spark's)."""
+    if "://" in root:
+        return
+    path = Path(root)
+    if not path.is_dir():
+        raise InputError(root, 0, "", "no such directory (the archive's: silbo up --archive)")
+    if not (path / MARKER).is_file():
+        raise InputError(root, 0, "", f"not an archive (no {MARKER})")
+
+
+def _moment(option: str, text: str | None) -> float | None:
+    """``--from`` / ``--to`` in epoch seconds (InvalidInput for another text)."""
+    if text is None:
+        return None
+    with contextlib.suppress(ValueError):
+        seconds = float(text)
+        if seconds - seconds == 0:
+            return seconds
+    parsed = parse_iso8601(text)
+    if parsed is None:
+        raise InvalidInput(f"--{option} {text!r} is neither epoch seconds nor an ISO 8601 date")
+    return parsed
 
 
 def _check_input(path: Path) -> None:
@@ -293,6 +363,7 @@ def _check_input(path: Path) -> None:
 def _replay(args: argparse.Namespace, progress: Progress) -> int:
     require("spark", "silbo replay")
     from spark_matcher import open_matcher
+    from spark_matcher.archive_replay import archived_steps
     from spark_matcher.history import Clock
     from spark_matcher.replay import MATCHED_FROM, apply_updates, notified
     from spark_matcher.session import spark_session
@@ -300,6 +371,7 @@ def _replay(args: argparse.Namespace, progress: Progress) -> int:
     started = time.monotonic()
     clock = Clock(time.time())  # updates without a time: 1 ms apart from now
     _check_paths(args)
+    since, until = _moment("from", args.since), _moment("to", args.until)
     selector: RendezvousSelector | None = None
     if args.state_dir is not None:
         progress.step(f"reading the subscriptions of the cluster of {args.state_dir}")
@@ -311,20 +383,26 @@ def _replay(args: argparse.Namespace, progress: Progress) -> int:
         subscriptions, partitions = [f.matched() for f in fronts], args.partitions or 1
     progress.step("starting Spark")
     spark = spark_session(args.master)
-    with progress.spark(spark, f"reading and checking {args.updates}"):
-        lines = _read_checked(spark, args.updates)
-        initial = None
-        if args.initial_state is not None:
-            initial = _read_checked(spark, args.initial_state)
-    with progress.spark(spark, "applying the updates to their entities"):
-        stepped = apply_updates(
-            spark,
-            lines,
-            clock,
-            initial=initial,
-            source=str(args.updates),
-            initial_source=str(args.initial_state),
-        )
+    if args.archive is not None:
+        with progress.spark(spark, f"reading the changes of the archive {args.archive}"):
+            stepped = archived_steps(
+                spark, args.archive, tenant=args.tenant, since=since, until=until
+            )
+    else:
+        with progress.spark(spark, f"reading and checking {args.updates}"):
+            lines = _read_checked(spark, args.updates)
+            initial = None
+            if args.initial_state is not None:
+                initial = _read_checked(spark, args.initial_state)
+        with progress.spark(spark, "applying the updates to their entities"):
+            stepped = apply_updates(
+                spark,
+                lines,
+                clock,
+                initial=initial,
+                source=str(args.updates),
+                initial_source=str(args.initial_state),
+            )
     kept: list[Any] = [stepped]
     try:
         progress.step(
@@ -349,8 +427,9 @@ def _replay(args: argparse.Namespace, progress: Progress) -> int:
         for frame_or_broadcast in kept:
             frame_or_broadcast.unpersist()
     took = time.monotonic() - started
+    what = "changes" if args.archive is not None else "updates"
     print(
-        f"{updates} updates, {len(subscriptions)} subscriptions: {count} notifications "
+        f"{updates} {what}, {len(subscriptions)} subscriptions: {count} notifications "
         f"written to {args.out} in {took:.1f} s"
     )
     return 0

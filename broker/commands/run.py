@@ -1,6 +1,7 @@
 """``silbo run ROLE``: run one broker process in the foreground (what compose/ uses).
 
-    silbo run connection-point|access-point|matcher|exit-point|context-store --zk HOST:PORT[,...]
+    silbo run connection-point|access-point|matcher|exit-point|context-store|archiver
+        --zk HOST:PORT[,...]
         [--cluster NAME] [--listen HOST:PORT] [--advertise HOST:PORT]
         [--internal-listen HOST:PORT]
         [--metrics-listen HOST:PORT] [--zk-timeout S] [--peer-hang-after S]
@@ -9,7 +10,9 @@
          [--http-read-timeout S]]
                                                                       (connection points)
         [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]
-         [--history on|off] [--history-retention raw=7d,minute=14d,...]]   (context stores)
+         [--history on|off] [--history-retention raw=7d,minute=14d,...]
+         [--archive on|off]]                                          (context stores)
+        [--archive PATH [--archive-interval S] [--archive-rows N]]    (the archiver)
         [--max-rate N]                 (serve at most N items/s: capacity emulation)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
@@ -25,11 +28,13 @@ import os
 import sys
 from collections.abc import Callable
 
-from broker.errors import SilboError
+from broker.errors import InvalidInput, SilboError
 from broker.ngsi.allow import AllowList
 from broker.ngsi.cors_options import ALL_ORIGINS, DEFAULT_MAX_AGE
 from broker.ngsi.retry import DEFAULT_WINDOW
 from broker.runtime.options import (
+    DEFAULT_ARCHIVE_INTERVAL,
+    DEFAULT_ARCHIVE_ROWS,
     DEFAULT_CLUSTER,
     PEER_HANG_AFTER,
     SESSION_GRACE,
@@ -50,6 +55,7 @@ ROLES: dict[Role, tuple[str, str]] = {
     Role.MATCHER: ("broker.roles.matcher", "Matcher"),
     Role.EXIT_POINT: ("broker.roles.exit_point", "ExitPoint"),
     Role.CONTEXT_STORE: ("broker.roles.context_store", "ContextStore"),
+    Role.ARCHIVER: ("broker.roles.archiver", "Archiver"),
 }
 
 
@@ -129,6 +135,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "kept: a duration (30s, 15m, 12h, 7d, 2w, 5y), off or forever "
         "(default raw=7d,minute=14d,hour=180d,day=5y; docs/history.md)",
     )
+    parser.add_argument(
+        "--archive",
+        default="",
+        metavar="on|off|PATH",
+        help="context stores: on records every change for the archiver (default off; "
+        "docs/archive.md); the archiver: the directory of the archive's Parquet files",
+    )
+    add_archive_batches(parser)
     add_status_flush(parser)
     add_http_read_timeout(parser)
     add_retry_window(parser)
@@ -147,6 +161,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "capacity (docs/autoscaling.md; default 0: no cap)",
     )
     parser.set_defaults(handler=run)
+
+
+def add_archive_batches(parser: argparse.ArgumentParser) -> None:
+    """Add ``--archive-interval S`` and ``--archive-rows N`` (``silbo run archiver`` and
+    ``silbo up``: docs/archive.md)."""
+    parser.add_argument(
+        "--archive-interval",
+        type=float,
+        default=DEFAULT_ARCHIVE_INTERVAL,
+        metavar="S",
+        help="the archiver: seconds between two batches, each a Parquet file per tenant, day "
+        f"and type (default {DEFAULT_ARCHIVE_INTERVAL:g})",
+    )
+    parser.add_argument(
+        "--archive-rows",
+        type=int,
+        default=DEFAULT_ARCHIVE_ROWS,
+        metavar="N",
+        help="the archiver: the most changes one batch takes; a full batch is followed by the "
+        f"next at once (default {DEFAULT_ARCHIVE_ROWS})",
+    )
+
+
+def archive_options(role: str, value: str) -> tuple[bool, str]:
+    """``--archive``'s (record changes, archive root) for ``role``: on|off for a context
+    store, a path for the archiver (InvalidInput otherwise)."""
+    if role == Role.CONTEXT_STORE.value:
+        if value not in ("", "on", "off"):
+            raise InvalidInput(f"--archive of a context store is on or off, not {value!r}")
+        return value == "on", ""
+    return False, value
 
 
 def add_status_flush(parser: argparse.ArgumentParser) -> None:
@@ -260,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     use_cluster_token(args)
     set_up_logging(args.log_level)
     try:
+        archive, archive_root = archive_options(args.role, args.archive)
         options = ProcessOptions(
             role=Role(args.role),
             zk=args.zk,
@@ -285,6 +331,10 @@ def run(args: argparse.Namespace) -> int:
             store_engine=args.store_engine,
             history=args.history == "on",
             history_retention=args.history_retention,
+            archive=archive,
+            archive_root=archive_root,
+            archive_interval=args.archive_interval,
+            archive_rows=args.archive_rows,
             max_rate=args.max_rate,
         )
         AllowList.parse(options.notify_allow)  # a bad entry is an error before anything starts

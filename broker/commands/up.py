@@ -8,6 +8,7 @@
         [--detach] [--hang-after 1.25] [--log-level INFO] [--timeout 60]
         [--max-rate LAYER=N ...]     (capacity emulation: docs/autoscaling.md)
         [--autoscale [--autoscale-interval 2]]   (automatic scaling: docs/autoscaling.md)
+        [--archive PATH [--archive-interval S]]  (the archive of every change: docs/archive.md)
 
 Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
 STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
@@ -25,6 +26,9 @@ down`` and ``silbo admin status --state-dir`` read).
   (broker.cluster.liveness); the processes' own probe (the elected repairer's,
   broker.runtime.liveness) declares a silent one dead after 8 times as long too.
   ``--hang-after 0`` turns both off.
+  With ``--archive PATH`` the context stores record every change they apply and an
+  archiver process (``silbo run archiver``, log ``archiver-1.log``) moves them to Parquet
+  files under PATH, supervised as the others (``silbo archive status``).
   With ``--autoscale`` it also starts two autoscaling controllers (``silbo autoscaler``,
   logs ``autoscaler-N.log``): one leads and scales the layers with their load, the other
   stands by. A controller that dies is not restarted (the other leads on).
@@ -85,7 +89,7 @@ from broker.coordination.errors import (
     ZooKeeperUnavailable,
 )
 from broker.errors import AddressInUse, InvalidInput, SilboError
-from broker.runtime.options import DEFAULT_CLUSTER, PEER_HANG_AFTER
+from broker.runtime.options import DEFAULT_ARCHIVE_INTERVAL, DEFAULT_CLUSTER, PEER_HANG_AFTER
 
 __all__ = ["HELP", "configure", "main", "run"]
 
@@ -187,6 +191,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how long the context stores keep raw rows and the stored levels (minute, hour, "
         "day): a duration (30s, 15m, 12h, 7d, 2w, 5y), off or forever "
         "(default raw=7d,minute=14d,hour=180d,day=5y; docs/history.md)",
+    )
+    parser.add_argument(
+        "--archive",
+        default="",
+        metavar="PATH",
+        help="archive every change the context stores apply as Parquet files under PATH, by "
+        "an archiver process (default: no archive; docs/archive.md, silbo archive status)",
+    )
+    parser.add_argument(
+        "--archive-interval",
+        type=float,
+        default=DEFAULT_ARCHIVE_INTERVAL,
+        metavar="S",
+        help="seconds between two batches of the archiver, each a Parquet file per tenant, day "
+        f"and type (default {DEFAULT_ARCHIVE_INTERVAL:g})",
     )
     parser.add_argument(
         "--zk", default=None, help="use this ZooKeeper (HOST:PORT[,...]) instead of an embedded one"
@@ -293,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
             spark_offload=args.spark_offload,
             store_history=args.history == "on",
             history_retention=args.history_retention,
+            archive=args.archive,
+            archive_interval=args.archive_interval,
             replicas=args.replicas,
             autoscalers=2 if args.autoscale else 0,
             autoscale_interval=args.autoscale_interval,
@@ -426,6 +447,14 @@ def _summary(description: dict[str, Any], *, detached: bool) -> None:
         *(
             [f"  NGSI v2:    http://{', http://'.join(description['http_endpoints'])}"]
             if description.get("http_endpoints")
+            else []
+        ),
+        *(
+            [
+                f"  archive:    {description['child_options']['archive']} (silbo archive status "
+                f"--state-dir {state_dir})"
+            ]
+            if (description.get("child_options") or {}).get("archive")
             else []
         ),
         *(

@@ -34,6 +34,11 @@ store in a transition layout are copied, taken back where it ranks first, and cl
 its registration's missing ones; those it no longer holds once a layout settles are
 dropped.
 
+The changelog (broker.store.changelog, ``--archive on``): every change its writes apply is
+recorded in their commits; ``Changes`` gives the archiver (broker.roles.archiver) the settled
+changes of the partitions it is the primary of after the archiver's cursors, or counts them
+(``silbo archive status``), and ``Trim`` deletes what was archived, replicated as writes.
+
 Aggregation groups (broker.roles.store_aggregation, docs/aggregation.md): the writes ``Apply``
 applied are folded into the groups' panes, at the time they were applied (their panes close
 only once no write of an earlier time is being applied); ``Aggregate`` takes the other
@@ -63,7 +68,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -196,6 +201,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
             history,
             record_history=options.history,
             alerts=AlertLog(self._engine),
+            record_changes=options.archive,
         )
         zk = context.zk
         if await asyncio.to_thread(read_store_layout, zk) is None:
@@ -668,6 +674,79 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         answer = await self._read(context, lambda: entities.read_history(query))
         return wire.StoreAnswer(body=pack(answer))
 
+    # -- the changelog (broker.store.changelog) ------------------------------------------------
+
+    async def Changes(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        """``[{partition: cursor}, most, count]``: ``[archiving, {partition: [[sequence,
+        record], ...]}, [partitions with more]]``, or with ``count`` ``[archiving,
+        {partition: [changes, oldest µs]}, []]``."""
+        entities = self._serving()
+        try:
+            asked, most, count = unpack(request.body)
+            cursors = {_partition(p): int(after) for p, after in asked.items()}
+            most = int(most)
+        except (SilboError, ValueError, TypeError, AttributeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a changes request: {exc}")
+        await self._check_primary(context, cursors)
+        changelog = entities.changelog
+        bounds = {p: changelog.visible(p) for p in cursors}  # on the loop: what is settled
+        if count:
+            counted = await self._read(
+                context,
+                lambda: {p: list(changelog.count(p, a, bounds[p])) for p, a in cursors.items()},
+            )
+            return wire.StoreAnswer(body=pack([self._archiving(), counted, []]))
+        found, more = await self._read(
+            context, lambda: entities.read_changes(cursors, bounds, most)
+        )
+        rows = {p: [list(row) for row in changes] for p, changes in found.items()}
+        return wire.StoreAnswer(body=pack([self._archiving(), rows, more]))
+
+    async def Trim(
+        self, request: wire.StoreRequest, context: aio.ServicerContext[object, object]
+    ) -> wire.StoreAnswer:
+        """``{partition: sequence}``: the changes up to each deleted; ``[how many went,
+        [partitions with more to trim]]``."""
+        entities = self._serving()
+        try:
+            upto = {_partition(p): int(sequence) for p, sequence in unpack(request.body).items()}
+        except (SilboError, ValueError, TypeError, AttributeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a trim request: {exc}")
+        view = await self._check_primary(context, upto)
+        number = next(self._numbers)
+        self._in_flight[number] = set(upto)  # a Yield waits for it, as for a write
+        try:
+            gone, unfinished = await entities.trim_changes(
+                upto, lambda puts, deletes: self._replicate(view, puts, deletes)
+            )
+        except (StoreFailed, SilboError) as exc:
+            self._fail(exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        finally:
+            del self._in_flight[number]
+            self._settled.set()
+        return wire.StoreAnswer(body=pack([gone, unfinished]))
+
+    async def _check_primary(
+        self, context: aio.ServicerContext[object, object], partitions: Iterable[int]
+    ) -> StoreView:
+        """The view, if this store is the primary of every one of ``partitions`` (else
+        FAILED_PRECONDITION: the caller asks the primary of the time)."""
+        view = self._view()
+        others = sorted(p for p in partitions if not self._primary_of(view, p))
+        if others:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"store {self.store_id} is not the primary of partitions {others}",
+            )
+        return view
+
+    def _archiving(self) -> bool:
+        assert self._context is not None
+        return self._context.options.archive
+
     async def _read(self, context: aio.ServicerContext[object, object], read: Callable[[], T]) -> T:
         """One read on a worker thread, counted as one item of load; a failed storage is
         UNAVAILABLE (and stops the store), a bad query INVALID_ARGUMENT."""
@@ -860,6 +939,14 @@ class _Shipper:
             timeout=SHIP_TIMEOUT,
             metadata=call_metadata(),
         )
+
+
+def _partition(value: Any) -> int:
+    """A partition number of a request (ValueError if it is none)."""
+    partition = int(value)
+    if not 0 <= partition < PARTITIONS:
+        raise ValueError(f"no partition {partition}")
+    return partition
 
 
 def _partition_count(view: StoreView) -> int:

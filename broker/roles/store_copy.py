@@ -140,5 +140,6 @@ class Copier:
 
 
 def keys_of(entities: Entities, partitions: list[int]) -> list[bytes]:
-    """The keys of these partitions (documents, write outcomes, history, expiry index)."""
+    """The keys of these partitions (documents, write outcomes, history, changelog, expiry
+    index)."""
     return [key for key, _value in entities.partition_items(partitions)]

@@ -18,6 +18,8 @@ from broker.store.history import HistoryOptions
 SESSION_GRACE = 30.0
 MAX_SESSION_GRACE = 3600.0  # seconds: what is kept for a dead connection point is bounded
 PEER_HANG_AFTER = 5.0  # seconds without an answer before the repairer declares a member dead
+DEFAULT_ARCHIVE_INTERVAL = 30.0  # seconds between two batches of the archiver
+DEFAULT_ARCHIVE_ROWS = 100_000  # changes one batch of the archiver takes at most
 
 __all__ = ["PEER_HANG_AFTER", "ProcessOptions", "Role", "max_rate_problem", "parse_address"]
 
@@ -32,6 +34,7 @@ class Role(enum.Enum):
     MATCHER = "matcher"
     EXIT_POINT = "exit-point"
     CONTEXT_STORE = "context-store"
+    ARCHIVER = "archiver"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,11 @@ class ProcessOptions:
     (broker.store.engine; an existing one keeps its own); ``history`` whether it records the
     history of its entities' attributes, ``history_retention`` how long it keeps raw rows
     and each level (broker.store.history: ``raw=7d,minute=14d,...``; '' for the defaults),
-    recording or not.
+    recording or not; ``archive`` whether it records its changelog for the archiver
+    (broker.store.changelog).
+    ``archive_root`` (the archiver, required) is the directory of its Parquet files,
+    ``archive_interval`` the seconds between two of its batches, ``archive_rows`` the most
+    changes one batch takes (broker.roles.archiver).
     ``max_rate``: the process takes in at most that many data-path items a second (0: no
     cap), to emulate a process of that capacity (broker.runtime.load; docs/autoscaling.md).
     """
@@ -96,6 +103,10 @@ class ProcessOptions:
     store_engine: str = ""
     history: bool = False
     history_retention: str = ""
+    archive: bool = False
+    archive_root: str = ""
+    archive_interval: float = DEFAULT_ARCHIVE_INTERVAL
+    archive_rows: int = DEFAULT_ARCHIVE_ROWS
     max_rate: float = 0.0
 
     def __post_init__(self) -> None:
@@ -144,6 +155,7 @@ class ProcessOptions:
             problems.append("--store-dir, --store-id and --store-engine are for context stores")
         if (self.history_retention or self.history) and self.role is not Role.CONTEXT_STORE:
             problems.append("--history and --history-retention are for context stores")
+        problems.extend(self._archive_problems())
         try:
             HistoryOptions.parse(self.history_retention)
         except InvalidInput as exc:
@@ -161,6 +173,25 @@ class ProcessOptions:
             problems.append("the ZooKeeper timeout must be positive")
         if problems:
             raise InvalidInput("; ".join(problems))
+
+    def _archive_problems(self) -> list[str]:
+        problems = []
+        if self.archive and self.role is not Role.CONTEXT_STORE:
+            problems.append("--archive on|off is for context stores")
+        if self.role is Role.ARCHIVER and not self.archive_root:
+            problems.append("the archiver needs --archive PATH (where its Parquet files go)")
+        if self.archive_root and self.role is not Role.ARCHIVER:
+            problems.append(
+                "--archive is for context stores (on|off) and the archiver (PATH), not a "
+                f"{self.role.value}"
+            )
+        if not (math.isfinite(self.archive_interval) and self.archive_interval > 0):
+            problems.append(
+                f"--archive-interval must be positive seconds, not {self.archive_interval:g}"
+            )
+        if self.archive_rows < 1:
+            problems.append(f"--archive-rows must be at least 1, not {self.archive_rows}")
+        return problems
 
 
 def max_rate_problem(rate: float, flag: str = "--max-rate") -> str | None:

@@ -7,7 +7,9 @@
 - ``broker.store.operators``: the update operators (``$inc``, ``$push``...) on one value;
 - ``broker.store.history_fold``: how a change becomes history (raw rows, level slots), pure
   functions; ``broker.store.history``: that history kept in the writes' commits;
-  ``broker.store.history_query``: read back (docs/history.md).
+  ``broker.store.history_query``: read back (docs/history.md);
+- ``broker.store.changelog``: every change applied, kept in the writes' commits for the
+  archiver (docs/archive.md).
 
 docs/context-store.md says what is built and how the rest is designed.
 """

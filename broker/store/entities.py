@@ -29,6 +29,11 @@ Alert rules (broker.store.alert_log, when given one): the state of each (rule, e
 write moves, and the transitions to publish, are staged with it too, in its commit, under
 ``a`` and ``o``, the partition and the document key's parts: keys of the partition as well.
 
+Changelog (broker.store.changelog, when recorded: ``--archive on``): each write with a change
+adds a record under ``c``, the partition and its sequence, in its commit: keys of the
+partition too. A change is readable by the archiver once its write is settled (durable
+here and on the backups).
+
 Order and concurrency: writes are applied one at a time on the event loop, in the order
 they arrive; their commits are grouped (one fsync for many writes). A write reads the
 entity as the writes before it left it, committed or not (:attr:`Entities._pending`), so two
@@ -54,6 +59,7 @@ import msgpack
 from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.store.alert_log import OUTBOX_SPACE, STATE_SPACE, AlertLog
+from broker.store.changelog import CHANGELOG_SPACE, TRIM_MOST, Changelog
 from broker.store.engine import Engine, GroupCommitter, StorageError
 from broker.store.history import HISTORY_SPACE, HistoryLog, HistoryOptions
 from broker.store.history_query import HistoryQuery, answer_history
@@ -79,8 +85,15 @@ PARTITIONS: Final = 256  # fixed: a store layout divides these among the store p
 _DOCUMENTS: Final = b"d"
 _EXPIRY: Final = b"x"
 _WRITES: Final = b"w"  # w, partition, write id (8 bytes of ms, 8 random): the outcome
-# the keys that begin with their partition
-_PARTITIONED: Final = (_DOCUMENTS, _WRITES, HISTORY_SPACE, STATE_SPACE, OUTBOX_SPACE)
+# keys that begin with their partition
+_PARTITIONED: Final = (
+    _DOCUMENTS,
+    _WRITES,
+    HISTORY_SPACE,
+    STATE_SPACE,
+    OUTBOX_SPACE,
+    CHANGELOG_SPACE,
+)
 _SEP: Final = b"\x00"
 _NO_ENTITY: Final = "The requested entity has not been found. Check type and id"
 
@@ -99,8 +112,8 @@ def new_write_id(now: float | None = None) -> bytes:
 
 
 def key_partition(key: bytes) -> int | None:
-    """The partition of a document, write-outcome, history or expiry-index key (None: a
-    key of every partition)."""
+    """The partition of a document, write-outcome, history, changelog or expiry-index key
+    (None: a key of every partition)."""
     if key[:1] in _PARTITIONED:
         return int.from_bytes(key[1:3], "big")
     if key[:1] == _EXPIRY:
@@ -181,6 +194,7 @@ class _Staged:
     waits: list[asyncio.Event] = field(default_factory=list)  # write ids applied by others
     fresh: list[int] = field(default_factory=list)  # results applied here, not known before
     alert_tickets: list[int] = field(default_factory=list)  # alert states pending (AlertLog)
+    changes: list[tuple[int, int]] = field(default_factory=list)  # (partition, sequence) staged
 
     def put(self, key: bytes, value: bytes) -> None:
         """Stage ``key``'s new value. A commit writes its puts, then its deletes, so a key
@@ -200,7 +214,8 @@ class Entities:
     """The entities of one engine (module doc), and their history (broker.store.history):
     with ``history`` its writes record it if ``record_history``, and :meth:`forget_history`
     ages out what is stored, recorded or not; with ``alerts`` its writes keep the alert
-    rules' states (broker.store.alert_log). One event loop uses it."""
+    rules' states (broker.store.alert_log); and their changelog (broker.store.changelog),
+    recorded if ``record_changes``, read and trimmed either way. One event loop uses it."""
 
     def __init__(
         self,
@@ -210,6 +225,7 @@ class Entities:
         *,
         record_history: bool = True,
         alerts: AlertLog | None = None,
+        record_changes: bool = False,
     ) -> None:
         self._engine = engine
         self._committer = committer
@@ -227,6 +243,8 @@ class Entities:
         self.history = HistoryLog(engine, history) if history is not None else None
         self._recording = self.history if record_history else None
         self.alerts = alerts  # the alert rules' states, kept in the writes' commits
+        self.changelog = Changelog(engine)
+        self._record_changes = record_changes
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -249,6 +267,7 @@ class Entities:
         """
         staged = self._stage(intents, now)
         if staged.puts or staged.deletes:
+            durable = False
             try:
                 if replicate is not None:
                     await asyncio.gather(
@@ -256,8 +275,9 @@ class Entities:
                     )
                 else:
                     await self._commit(staged)
+                durable = True
             finally:
-                self._settle(staged)
+                self._settle(staged, durable=durable)
         else:
             self._settle(staged)
         for event in staged.waits:  # a write sent again while its first sending commits
@@ -291,6 +311,7 @@ class Entities:
         self._check_serving()
         if self.history is not None:
             self.history.forget([*(k for k, _v in puts), *deletes])
+        self.changelog.observe(puts)
         await self._commit(_Staged(puts=list(puts), deletes=list(deletes)))
 
     def apply_now(self, intents: Sequence[Intent], now: float | None = None) -> list[Applied]:
@@ -298,15 +319,20 @@ class Entities:
         if self._committer is not None:
             raise RuntimeError("apply_now is for entities without a group committer")
         staged = self._stage(intents, now)
+        durable = False
         try:
             self._engine.commit(staged.puts, staged.deletes)
             self.index.committed(staged.puts, staged.deletes, self._held_document)
+            durable = True
         finally:
-            self._settle(staged)
+            self._settle(staged, durable=durable)
         return staged.results
 
-    def _settle(self, staged: _Staged) -> None:
-        """The commit of ``staged`` ended: release its pending documents and write ids."""
+    def _settle(self, staged: _Staged, *, durable: bool = True) -> None:
+        """The commit of ``staged`` ended: release its pending documents and write ids; its
+        changes are readable if it is ``durable`` (else the store fails: they never are)."""
+        if durable:
+            self.changelog.settle(staged.changes)
         for key, ticket in staged.tickets:
             self._release(key, ticket)
             if self.history is not None:
@@ -346,6 +372,12 @@ class Entities:
                 value = was_bytes if document is applied.before else document.to_bytes()
             row = result_row(applied, value, was_bytes)
             staged.rows.append(row)
+            if self._record_changes and applied.change is not None and key is not None:
+                stored = value if value is not None else was_bytes
+                if stored is not None:
+                    partition = int.from_bytes(key[1:3], "big")
+                    sequence = self.changelog.stage(partition, applied, moment, stored, staged.puts)
+                    staged.changes.append((partition, sequence))
             if intent.write_id:
                 self._staged[intent.write_id] = (applied, row, asyncio.Event())
                 staged.ids.append(intent.write_id)
@@ -420,6 +452,51 @@ class Entities:
             else:
                 await self._commit(staged)
         return len(gone)
+
+    def read_changes(
+        self, cursors: dict[int, int], bounds: dict[int, int], most: int
+    ) -> tuple[dict[int, list[tuple[int, bytes]]], list[int]]:
+        """The committed changes of each partition after its cursor, up to its bound
+        (:meth:`Changelog.visible`, taken on the event loop), at most ``most`` in all, the
+        partitions in the order given; and the partitions that may have more."""
+        self._check_serving()
+        found: dict[int, list[tuple[int, bytes]]] = {}
+        more: list[int] = []
+        left = most
+        for partition, after in cursors.items():
+            if left <= 0:
+                more.append(partition)
+                continue
+            rows = self.changelog.read(partition, after, bounds[partition], left)
+            found[partition] = rows
+            left -= len(rows)
+            if left <= 0 and rows and rows[-1][0] < bounds[partition]:
+                more.append(partition)
+        return found, more
+
+    async def trim_changes(
+        self, upto: dict[int, int], replicate: Replicate | None = None
+    ) -> tuple[int, list[int]]:
+        """Delete each partition's changes up to its sequence (TRIM_MOST at most each); how
+        many went, and the partitions that have more to trim. Deletes are writes
+        (``replicate``d)."""
+        self._check_serving()
+        puts: list[tuple[bytes, bytes]] = []
+        gone: list[bytes] = []
+        unfinished: list[int] = []
+        for partition, sequence in upto.items():
+            marked, deleted = await asyncio.to_thread(self.changelog.trim, partition, sequence)
+            puts += marked
+            gone += deleted
+            if len(deleted) >= TRIM_MOST:
+                unfinished.append(partition)
+        if gone:
+            staged = _Staged(puts=puts, deletes=gone)
+            if replicate is not None:
+                await asyncio.gather(self._commit(staged), replicate(puts, gone))
+            else:
+                await self._commit(staged)
+        return len(gone), unfinished
 
     def _apply_one(self, intent: Intent, now: float) -> tuple[Applied, bytes | None, bytes | None]:
         """What the write does, its document's key, and the document's bytes before it."""
@@ -554,7 +631,8 @@ class Entities:
 
     def partition_items(self, partitions: Iterable[int]) -> Iterator[tuple[bytes, bytes]]:
         """The committed keys and values of these partitions' documents, write outcomes,
-        history, alert states and expiry index (what a recovering backup copies)."""
+        history, alert states, changelog and expiry index (what a recovering backup
+        copies)."""
         wanted = set(partitions)
         for partition in sorted(wanted):
             for space in _PARTITIONED:

@@ -605,6 +605,16 @@ class ContextStoreStub:
                 request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
                 response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
                 _registered_method=True)
+        self.Changes = channel.unary_unary(
+                '/broker.wire.ContextStore/Changes',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
+        self.Trim = channel.unary_unary(
+                '/broker.wire.ContextStore/Trim',
+                request_serializer=broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+                response_deserializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+                _registered_method=True)
 
 
 class ContextStoreServicer:
@@ -663,6 +673,23 @@ class ContextStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Changes(self, request, context):
+        """The changelog of partitions this store is the primary of (broker.store.changelog): the
+        settled changes after each cursor, a bounded batch; or, asked to count, how many there
+        are and the time of the oldest (silbo archive status).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Trim(self, request, context):
+        """The archiver archived these partitions' changes up to these sequences: the primary
+        deletes them, and the deletes are replicated as writes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ContextStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -698,6 +725,16 @@ def add_ContextStoreServicer_to_server(servicer, server):
             ),
             'Aggregate': grpc.unary_unary_rpc_method_handler(
                     servicer.Aggregate,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Changes': grpc.unary_unary_rpc_method_handler(
+                    servicer.Changes,
+                    request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
+                    response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
+            ),
+            'Trim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Trim,
                     request_deserializer=broker_dot_wire_dot_internal__pb2.StoreRequest.FromString,
                     response_serializer=broker_dot_wire_dot_internal__pb2.StoreAnswer.SerializeToString,
             ),
@@ -889,6 +926,60 @@ class ContextStore:
             request,
             target,
             '/broker.wire.ContextStore/Aggregate',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Changes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Changes',
+            broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
+            broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Trim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/broker.wire.ContextStore/Trim',
             broker_dot_wire_dot_internal__pb2.StoreRequest.SerializeToString,
             broker_dot_wire_dot_internal__pb2.StoreAnswer.FromString,
             options,

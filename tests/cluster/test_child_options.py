@@ -64,3 +64,18 @@ def test_cors_reaches_the_connection_points_only_when_asked_for() -> None:
     ]
     assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
     assert "--cors-origin" not in ChildOptions(http_port=0).arguments(Role.CONNECTION_POINT, 1)
+
+
+def test_an_archive_starts_an_archiver_and_turns_the_stores_recording_on(tmp_path: Path) -> None:
+    spec = ClusterSpec(state_dir=tmp_path, archive="relative/archive", archive_interval=0.5)
+    assert spec.counts()[Role.ARCHIVER] == 1 and ClusterSpec().counts()[Role.ARCHIVER] == 0
+    options = ChildOptions.of(spec)
+    root = str(Path("relative/archive").resolve())  # absolute: the children's cwd may differ
+    assert options.arguments(Role.CONTEXT_STORE, 1)[-2:] == ["--archive", "on"]
+    assert options.arguments(Role.ARCHIVER, 1)[-4:] == [
+        *("--archive", root),
+        *("--archive-interval", "0.5"),
+    ]
+    assert "--archive" not in options.arguments(Role.MATCHER, 1)
+    assert "--archive" not in ChildOptions(store_root="/s").arguments(Role.CONTEXT_STORE, 1)
+    assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options

@@ -1,6 +1,8 @@
 """``silbo replay`` against the live broker: the same partial upserts published to a real
 cluster (front, matchers, context store) and replayed on the session's Spark give the same
-notifications, no extra, no missing (issue 20's held-out workload).
+notifications, no extra, no missing (issue 20's held-out workload); and so does the replay of
+the changes the cluster's archive recorded of them (``silbo replay --archive``,
+docs/archive.md).
 
 The subscriptions are drawn at random (seeded): condition attributes, alteration types
 (entityCreate, entityChange, entityUpdate), ``q`` on attributes few updates carry,
@@ -24,6 +26,7 @@ import pytest
 from ngsi.conftest import Front, Receiver, started_front, tenant
 
 from broker import cli
+from broker.commands.archive import archive_status
 from broker.coordination.embedded import EmbeddedZooKeeper
 
 SEED = 20
@@ -174,6 +177,19 @@ def _replayed(capsys: pytest.CaptureFixture[str], out: Path, *arguments: str) ->
     return Counter((r["update"], r["subscription"]) for r in rows)
 
 
+def _archived(front: Front, count: int) -> None:
+    """Wait until the archive holds ``count`` changes or more, and none waits."""
+    assert front.cluster is not None
+    cluster = front.cluster
+    deadline = time.monotonic() + WAIT
+    while True:
+        status = archive_status(cluster.zk_address, cluster.spec.cluster)
+        if status["rows"] >= count and status["waiting"]["changes"] == 0:
+            return
+        assert time.monotonic() < deadline, f"the archive does not catch up: {status}"
+        time.sleep(0.2)
+
+
 def _same(live: Counter[Any], replayed: Counter[Any], how: str) -> None:
     missing, extra = live - replayed, replayed - live
     assert not missing and not extra, (
@@ -195,8 +211,11 @@ def test_replay_notifies_exactly_what_the_live_broker_notified(
     updates = _updates(draw)
     subscriptions = [_subscription(draw, receiver.url()) for _ in range(SUBSCRIPTIONS)]
     updates_file, subscriptions_file = tmp_path / "updates.jsonl", tmp_path / "subs.json"
+    archive = tmp_path / "archive"
     try:
-        with started_front(zookeeper, tmp_path_factory, "replay") as front:
+        with started_front(
+            zookeeper, tmp_path_factory, "replay", archive=str(archive), archive_interval=0.2
+        ) as front:
             live, times, listed = _live(front, receiver, t, updates, subscriptions)
             assert len(listed) == SUBSCRIPTIONS
             assert len(live) > 100 and max(live.values()) == 1, "a workload that notifies"
@@ -212,9 +231,16 @@ def test_replay_notifies_exactly_what_the_live_broker_notified(
                 capsys, tmp_path / "cluster.jsonl", "--updates", str(updates_file),
                 "--state-dir", state_dir,
             )  # fmt: skip
+            _archived(front, UPDATES + 1)  # the updates, then the end marker
+            from_archive = _replayed(
+                capsys, tmp_path / "archive.jsonl", "--archive", str(archive), "--tenant", t,
+                "--state-dir", state_dir,
+            )  # fmt: skip
     finally:
         receiver.close()
     _same(live, from_cluster, "--state-dir")
+    # the archive's changes in their order: the updates, then the marker (its own pair)
+    _same(live, Counter({k: n for k, n in from_archive.items() if k[0] < UPDATES}), "--archive")
     subscriptions_file.write_text(json.dumps([{**s, "tenant": t} for s in listed]))
     from_file = _replayed(
         capsys, tmp_path / "file.jsonl", "--updates", str(updates_file),
