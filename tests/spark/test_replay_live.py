@@ -2,7 +2,9 @@
 cluster (front, matchers, context store) and replayed on the session's Spark give the same
 notifications, no extra, no missing (issue 20's held-out workload); and so does the replay of
 the changes the cluster's archive recorded of them (``silbo replay --archive``,
-docs/archive.md).
+docs/archive.md). The cluster keeps its attributes' history too (``--history on``):
+``silbo backfill --history`` from its archive gives every minute slot the live stores
+answer through the STH API, exactly (issue 20's "live history vs. Spark backfill").
 
 The subscriptions are drawn at random (seeded): condition attributes, alteration types
 (entityCreate, entityChange, entityUpdate), ``q`` on attributes few updates carry,
@@ -15,6 +17,7 @@ nothing. Each update has its own Fiware-Correlator, which its notifications carr
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -28,6 +31,8 @@ from ngsi.conftest import Front, Receiver, started_front, tenant
 from broker import cli
 from broker.commands.archive import archive_status
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.store.history_fold import Level, offset, origin
+from broker.store.semantics import iso8601
 
 SEED = 20
 UPDATES = 300
@@ -190,6 +195,54 @@ def _archived(front: Front, count: int) -> None:
         time.sleep(0.2)
 
 
+def _sth_minutes(front: Front, t: str) -> dict[tuple[str, str, str, int], dict[str, Any]]:
+    """Every minute slot of the attributes ``a`` (numbers) and ``b`` (texts) of the entities,
+    as the live stores answer through the STH API: (entity, attribute, origin, offset) ->
+    the point (samples, sum, sum2, min, max or occur)."""
+    slots = {}
+    for (entity_id, entity_type), attribute in itertools.product(ENTITIES, ("a", "b")):
+        path = (
+            f"/STH/v1/contextEntities/type/{entity_type}/id/{entity_id}/attributes/{attribute}"
+            "?aggrMethod=all&aggrPeriod=minute"
+        )
+        answer = front.call("GET", path, headers={"Fiware-Service": t})
+        assert answer.status == 200, answer.body
+        (element,) = answer.body["contextResponses"]
+        (values,) = [a["values"] for a in element["contextElement"]["attributes"]]
+        for document in values:
+            for point in document["points"]:
+                key = (entity_id, attribute, document["_id"]["origin"], point["offset"])
+                slots[key] = {k: v for k, v in point.items() if k != "offset"}
+    return slots
+
+
+def _backfilled_minutes(
+    spark: Any, output: Path
+) -> dict[tuple[str, str, str, int], dict[str, Any]]:
+    """The backfill's minute slots of the same attributes, rendered as the STH API renders
+    them (numbers: samples, sum, sum2, min, max; texts: samples, occur)."""
+    rows = spark.read.parquet(str(output / "history")).where("level = 'minute'").collect()
+    slots = {}
+    for row in rows:
+        if row["attribute"] not in ("a", "b"):
+            continue
+        base = origin(Level.MINUTE, row["start"])
+        key = (
+            row["entity_id"],
+            row["attribute"],
+            iso8601(base),
+            offset(Level.MINUTE, row["start"]),
+        )
+        occur = json.loads(row["occur"] or "{}")
+        point: dict[str, Any] = {"samples": row["samples"]}
+        if occur:
+            point["occur"] = occur
+        else:
+            point.update({k: row[k] for k in ("sum", "sum2", "min", "max")})
+        slots[key] = point
+    return slots
+
+
 def _same(live: Counter[Any], replayed: Counter[Any], how: str) -> None:
     missing, extra = live - replayed, replayed - live
     assert not missing and not extra, (
@@ -214,7 +267,12 @@ def test_replay_notifies_exactly_what_the_live_broker_notified(
     archive = tmp_path / "archive"
     try:
         with started_front(
-            zookeeper, tmp_path_factory, "replay", archive=str(archive), archive_interval=0.2
+            zookeeper,
+            tmp_path_factory,
+            "replay",
+            archive=str(archive),
+            archive_interval=0.2,
+            store_history=True,
         ) as front:
             live, times, listed = _live(front, receiver, t, updates, subscriptions)
             assert len(listed) == SUBSCRIPTIONS
@@ -236,8 +294,17 @@ def test_replay_notifies_exactly_what_the_live_broker_notified(
                 capsys, tmp_path / "archive.jsonl", "--archive", str(archive), "--tenant", t,
                 "--state-dir", state_dir,
             )  # fmt: skip
+            live_slots = _sth_minutes(front, t)
     finally:
         receiver.close()
+    backfilled = tmp_path / "backfill"
+    status = cli.main(
+        ["backfill", "--archive", str(archive), "--output", str(backfilled), "--history",
+         "--tenant", t]
+    )  # fmt: skip
+    assert status == 0, capsys.readouterr().err
+    assert len(live_slots) >= 10  # every entity has both, in one minute or more
+    assert _backfilled_minutes(spark, backfilled) == live_slots
     _same(live, from_cluster, "--state-dir")
     # the archive's changes in their order: the updates, then the marker (its own pair)
     _same(live, Counter({k: n for k, n in from_archive.items() if k[0] < UPDATES}), "--archive")
