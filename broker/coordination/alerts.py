@@ -7,9 +7,9 @@ Layout (under the cluster's chroot)::
 
 ``document`` is the rule as the API took it (broker.store.alerting checks it); ``version``
 counts its changes from 1. A front writes (:class:`AlertStore`: create, replace, remove,
-read, list, with kazoo's asynchronous calls awaited on its loop); every context store
-follows them through one :class:`RulesWatch` (a kazoo TreeCache), told the whole set on
-each change, and evaluates a changed rule from the next write it applies (there is no
+read, list); every context store follows them through one :class:`RulesWatch`, told the
+whole set on each change (the mechanics are broker.coordination.documents', shared with the
+aggregation groups), and evaluates a changed rule from the next write it applies (there is no
 window to settle, unlike an aggregation group's: broker.coordination.aggregations).
 """
 
@@ -17,27 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from kazoo.recipe.cache import TreeCache, TreeEvent
 
-from broker.coordination.errors import CorruptCoordinationData, translated
-from broker.coordination.http_subscriptions import awaited
-from broker.errors import AlreadyExists, NotFound
+from broker.coordination.documents import Documents, DocumentsWatch, Kind
+from broker.coordination.errors import CorruptCoordinationData
 
 __all__ = ["ALERTS", "NO_ALERT", "AlertStore", "KeptRule", "RulesWatch"]
 
-_log = logging.getLogger(__name__)
-
 ALERTS: Final = "/alerts"
 NO_ALERT: Final = "The requested alert rule has not been found. Check id"
-CALL_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +60,6 @@ class KeptRule:
         }
 
 
-def _node(tenant: str, rule_id: str) -> str:
-    return f"{ALERTS}/{tenant}~{rule_id}"
-
-
 def _decode(path: str, data: bytes) -> KeptRule:
     try:
         body = json.loads(data)
@@ -90,136 +79,57 @@ def _encode(kept: KeptRule) -> bytes:
     return json.dumps(kept.to_json(), separators=(",", ":")).encode()
 
 
+KIND: Final[Kind[KeptRule]] = Kind(
+    ALERTS, "alert rule", NO_ALERT, _decode, _encode, lambda kept: (kept.created, kept.id)
+)
+
+
 class AlertStore:
     """A front's handle on the rules in ZooKeeper (see the module doc)."""
 
     def __init__(self, client: KazooClient, loop: asyncio.AbstractEventLoop) -> None:
-        self._client = client
-        self._loop = loop
+        self._documents = Documents(KIND, client, loop)
 
     async def create(self, tenant: str, service_path: str, document: dict[str, Any]) -> None:
         """Keep a new rule (AlreadyExists if the tenant has one of its id)."""
         now = time.time()
         kept = KeptRule(tenant, service_path, document, 1, now, now)
-        with translated("keep the alert rule"):
-            await self._call(self._client.ensure_path_async(ALERTS))
-            try:
-                await self._call(self._client.create_async(_node(tenant, kept.id), _encode(kept)))
-            except NodeExistsError:
-                raise AlreadyExists(f"an alert rule {kept.id!r} exists already") from None
+        await self._documents.create(tenant, kept.id, kept)
 
     async def replace(self, tenant: str, service_path: str, document: dict[str, Any]) -> KeptRule:
         """Keep a new version of a rule (NotFound if there is none), compare-and-set."""
-        path = _node(tenant, str(document.get("id", "")))
-        with translated("keep the changed alert rule"):
-            while True:
-                try:
-                    data, stat = await self._call(self._client.get_async(path))
-                except NoNodeError:
-                    raise NotFound(NO_ALERT) from None
-                old = _decode(path, bytes(data))
-                new = KeptRule(
-                    tenant, service_path, document, old.version + 1, old.created, time.time()
-                )
-                try:
-                    await self._call(self._client.set_async(path, _encode(new), stat.version))
-                    return new
-                except NoNodeError:
-                    raise NotFound(NO_ALERT) from None
-                except BadVersionError:
-                    continue  # changed meanwhile: again, over that change
+
+        def changed(old: KeptRule) -> KeptRule:
+            return KeptRule(
+                tenant, service_path, document, old.version + 1, old.created, time.time()
+            )
+
+        return await self._documents.change(tenant, str(document.get("id", "")), changed)
 
     async def remove(self, tenant: str, rule_id: str) -> None:
         """Forget a rule (NotFound if there is none)."""
-        with translated("forget the alert rule"):
-            try:
-                await self._call(self._client.delete_async(_node(tenant, rule_id)))
-            except NoNodeError:
-                raise NotFound(NO_ALERT) from None
+        await self._documents.remove(tenant, rule_id)
 
     async def read(self, tenant: str, rule_id: str) -> KeptRule:
         """One rule (NotFound if there is none)."""
-        path = _node(tenant, rule_id)
-        with translated("read the alert rule"):
-            try:
-                data, _stat = await self._call(self._client.get_async(path))
-            except NoNodeError:
-                raise NotFound(NO_ALERT) from None
-        return _decode(path, bytes(data))
+        return await self._documents.read(tenant, rule_id)
 
     async def listed(self, tenant: str) -> list[KeptRule]:
         """The tenant's rules, oldest first."""
-        prefix = f"{tenant}~"
-        found = []
-        with translated("list the alert rules"):
-            try:
-                names = await self._call(self._client.get_children_async(ALERTS))
-            except NoNodeError:
-                return []
-            for name in sorted(n for n in names if n.startswith(prefix)):
-                try:
-                    data, _stat = await self._call(self._client.get_async(f"{ALERTS}/{name}"))
-                except NoNodeError:
-                    continue
-                found.append(_decode(f"{ALERTS}/{name}", bytes(data)))
-        found.sort(key=lambda kept: (kept.created, kept.id))
-        return found
-
-    async def _call(self, result: Any) -> Any:
-        return await awaited(self._loop, result, CALL_TIMEOUT)
+        return await self._documents.listed(tenant)
 
 
 Rules = dict[str, KeptRule]  # znode name -> what it holds
-Changed = Callable[[Rules], None]  # told on the loop, with every rule
 
 
-class RulesWatch:
-    """Every rule, followed (a TreeCache); ``changed`` is told the whole set, on the loop,
-    once all were read at start, then after every change."""
+class RulesWatch(DocumentsWatch[KeptRule]):
+    """Every rule, followed (broker.coordination.documents.DocumentsWatch): a store is told
+    the whole set, once all were read at start, then after every change."""
 
     def __init__(
-        self, client: KazooClient, loop: asyncio.AbstractEventLoop, changed: Changed
+        self,
+        client: KazooClient,
+        loop: asyncio.AbstractEventLoop,
+        changed: Callable[[Rules], None],
     ) -> None:
-        self._loop = loop
-        self._changed = changed
-        self._known: Rules = {}
-        self._initialized = False
-        client.ensure_path(ALERTS)
-        self._cache = TreeCache(client, ALERTS)
-        self._cache.listen(self._event)
-        self._cache.start()
-
-    def stop(self) -> None:
-        """Stop watching."""
-        self._cache.close()
-
-    def _event(self, event: TreeEvent) -> None:  # kazoo's thread
-        kind = event.event_type
-        if kind == TreeEvent.INITIALIZED:
-            self._initialized = True
-            self._tell()
-            return
-        if kind not in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
-            return
-        path = event.event_data.path
-        parent, _slash, name = path.rpartition("/")
-        if parent != ALERTS or not name:
-            return
-        if kind == TreeEvent.NODE_REMOVED:
-            self._known.pop(name, None)
-        else:
-            try:
-                self._known[name] = _decode(path, event.event_data.data or b"")
-            except CorruptCoordinationData as exc:
-                _log.error("alert rule %s is not used: %s", name, exc)
-                self._known.pop(name, None)
-        self._tell()
-
-    def _tell(self) -> None:
-        if not self._initialized:
-            return
-        known = dict(self._known)
-        try:
-            self._loop.call_soon_threadsafe(self._changed, known)
-        except RuntimeError:  # the loop closed: the process is ending
-            return
+        super().__init__(KIND, client, loop, changed)
