@@ -37,11 +37,10 @@ from typing import Any, Final
 import grpc
 from grpc import aio
 
-from broker.client import Client
 from broker.coordination.aggregations import DefinitionsWatch, Stored
-from broker.coordination.membership import members
 from broker.errors import SilboError
 from broker.ngsi.entity import to_wire
+from broker.roles.store_writer import StoreWriter
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.process import ProcessContext
 from broker.runtime.token import call_metadata
@@ -66,7 +65,6 @@ TICK: Final = 0.1  # seconds between rounds of closing, reporting and writing
 REPORT_TIMEOUT: Final = 2.0  # seconds another store may take to take a report
 HAND_OVER: Final = 5.0  # seconds a store leaving the layer may take to hand its panes over
 PUBLISH_TIMEOUT: Final = 10.0  # seconds a connection point may take to store derived writes
-_CONNECTION_POINT: Final = "connection-point"
 
 _log = logging.getLogger(__name__)
 
@@ -114,7 +112,9 @@ class StoreAggregation:
         self._watch: DefinitionsWatch | None = None
         self._task: asyncio.Task[None] | None = None
         self._channels: dict[str, aio.Channel] = {}  # address -> channel
-        self._client: Client | None = None
+        self._writer = StoreWriter(
+            context.zk, f"aggregation-{self.aggregator.store_id}", PUBLISH_TIMEOUT
+        )
         self._defined_once = asyncio.Event()  # the definitions were read (not before)
 
     async def start(self) -> None:
@@ -145,8 +145,7 @@ class StoreAggregation:
                 await self._committer.write(puts, deletes)
         for channel in self._channels.values():
             await channel.close()
-        if self._client is not None:
-            await asyncio.to_thread(self._client.close)
+        await self._writer.close()
 
     async def _hand_over(self) -> None:
         """Close every pane (this store applies nothing more) and report them until each
@@ -274,24 +273,4 @@ class StoreAggregation:
             to_wire(w.entity_id, w.entity_type, w.tenant, w.service_path, w.attributes)
             for w in writes
         ]
-        client = await self._connected()
-        try:
-            await asyncio.to_thread(client.publish_many, entities)
-        except SilboError:
-            self._client = None
-            await asyncio.to_thread(client.close)
-            raise
-
-    async def _connected(self) -> Client:
-        if self._client is None:
-            found = await asyncio.to_thread(members, self._context.zk, _CONNECTION_POINT)
-            endpoints = [m.endpoint for m in found]
-            if not endpoints:
-                raise SilboError("no connection point is serving")
-            self._client = Client(
-                endpoints,
-                publisher=f"aggregation-{self.aggregator.store_id}",
-                timeout=PUBLISH_TIMEOUT,
-                store=True,
-            )
-        return self._client
+        await self._writer.write(entities)

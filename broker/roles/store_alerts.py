@@ -37,10 +37,10 @@ from typing import Final
 
 from broker.client import Client
 from broker.coordination.alerts import KeptRule, RulesWatch
-from broker.coordination.membership import members
 from broker.errors import NotFound, SilboError
 from broker.ngsi.entity import to_wire
 from broker.roles.store_client import STORE_WAIT
+from broker.roles.store_writer import StoreWriter
 from broker.runtime.process import ProcessContext
 from broker.store.alert_log import OUTBOX_BATCH, AlertLog, Outgoing, sorted_out
 from broker.store.alerting import Rule, number_of, parse_rule
@@ -54,7 +54,6 @@ SWEEP: Final = 1.0  # seconds between looks at the outbox without a transition m
 UNSURE_WAIT: Final = STORE_WAIT + 1.0
 RULES_WAIT: Final = 10.0  # seconds a starting store waits for the rules to be read
 PUBLISH_TIMEOUT: Final = 10.0  # seconds a connection point may take to store alert entities
-_CONNECTION_POINT: Final = "connection-point"
 
 _log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ class StoreAlerts:
         self._wake = asyncio.Event()
         self._released = 0  # the log's released count last looked at
         self._unsure: dict[bytes, float] = {}  # unsure entry: when first seen (monotonic)
-        self._client: Client | None = None
+        self._writer = StoreWriter(context.zk, f"alerts-{self._store_id}", PUBLISH_TIMEOUT)
         self._read = asyncio.Event()  # the rules were read once
 
     async def start(self) -> None:
@@ -107,8 +106,7 @@ class StoreAlerts:
                 await self._task
         if self._watch is not None:
             self._watch.stop()
-        if self._client is not None:
-            await asyncio.to_thread(self._client.close)
+        await self._writer.close()
 
     def observe(self) -> None:
         """An ``Apply`` ended: publish at once if it made transitions."""
@@ -185,7 +183,7 @@ class StoreAlerts:
         """The entries whose transition their alert entity carries already (module doc)."""
         if not entries:
             return set()
-        client = await self._connected()
+        client = await self._writer.client()
         carried: dict[tuple[str, str, str, str], int] = {}
         for entry in entries:
             entity = (entry.tenant, entry.service_path, entry.entity_id, entry.entity_type)
@@ -220,24 +218,4 @@ class StoreAlerts:
             to_wire(e.entity_id, e.entity_type, e.tenant, e.service_path, e.attributes)
             for e in entries
         ]
-        client = await self._connected()
-        try:
-            await asyncio.to_thread(client.publish_many, entities)
-        except SilboError:
-            self._client = None
-            await asyncio.to_thread(client.close)
-            raise
-
-    async def _connected(self) -> Client:
-        if self._client is None:
-            found = await asyncio.to_thread(members, self._context.zk, _CONNECTION_POINT)
-            endpoints = [m.endpoint for m in found]
-            if not endpoints:
-                raise SilboError("no connection point is serving")
-            self._client = Client(
-                endpoints,
-                publisher=f"alerts-{self._store_id}",
-                timeout=PUBLISH_TIMEOUT,
-                store=True,
-            )
-        return self._client
+        await self._writer.write(entities)
