@@ -109,7 +109,8 @@ class _Reader(threading.Thread):
 
 class _Sensors(threading.Thread):
     """Sends sensor values (batches of one, four sensors in two buildings) on a tenant of
-    its own; keeps the count and sum of the acknowledged ones per building."""
+    its own; keeps the count and sum of the acknowledged ones per building, and each
+    sensor's acknowledged values in order (an alert rule watches them)."""
 
     GROUP: Any = {
         "id": "building-temperature",
@@ -119,22 +120,33 @@ class _Sensors(threading.Thread):
         "functions": ["count", "sum"],
         "window": {"type": "tumbling", "size": "1s"},
     }
+    RULE: Any = {
+        "id": "hot",
+        "entities": {"type": "Sensor"},
+        "attribute": "temperature",
+        "condition": {"above": 5, "clearBelow": 3},
+    }
 
     def __init__(self, address: str) -> None:
         super().__init__(daemon=True)
         self.front = Front(address)
         self.headers = {"Fiware-Service": tenant()}
         self.acknowledged: dict[str, list[int]] = {}  # building: [count, sum]
+        self.values: dict[str, list[int]] = {}  # sensor: its acknowledged values, in order
         self.receiver = Receiver()
         self._done = threading.Event()
 
     def define(self) -> None:
-        """The group, and a subscription on its buildings; returns once the group counts."""
-        subscription = {
-            "subject": {"entities": [{"idPattern": ".*", "type": "Building"}]},
-            "notification": {"http": {"url": self.receiver.url()}},
-        }
-        made = self.front.call("POST", "/v2/subscriptions", subscription, headers=self.headers)
+        """The group, the rule, and a subscription on the buildings and one on the alerts;
+        returns once the group counts."""
+        for kind in ("Building", "Alert"):
+            subscription = {
+                "subject": {"entities": [{"idPattern": ".*", "type": kind}]},
+                "notification": {"http": {"url": self.receiver.url()}},
+            }
+            made = self.front.call("POST", "/v2/subscriptions", subscription, headers=self.headers)
+            assert made.status == 201, made
+        made = self.front.call("POST", "/v2/x/alerts", self.RULE, headers=self.headers)
         assert made.status == 201, made
         made = self.front.call("POST", "/v2/x/aggregations", self.GROUP, headers=self.headers)
         assert made.status == 201, made
@@ -160,6 +172,7 @@ class _Sensors(threading.Thread):
                 total = self.acknowledged.setdefault(building, [0, 0])
                 total[0] += 1
                 total[1] += value
+                self.values.setdefault(sensor, []).append(value)
             else:
                 assert answer.status == 503, answer  # refused: not applied
             i += 1
@@ -174,6 +187,8 @@ class _Sensors(threading.Thread):
         last: dict[tuple[str, float], tuple[int, int]] = {}
         for notification in self.receiver.received():
             for entity in notification.body["data"]:
+                if entity["type"] != "Building":
+                    continue
                 count = entity["temperature_count_1s"]
                 end = count["metadata"]["aggregate"]["value"]["end"]
                 total = entity["temperature_sum_1s"]["value"]
@@ -191,6 +206,31 @@ class _Sensors(threading.Thread):
         while self.windows() != self.acknowledged and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self.windows() == self.acknowledged, "windows (count, sum) != acknowledged"
+        expected = self._transitions()
+        while self._alerts() != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self._alerts() == expected, "alert transitions != the rule over the values"
+
+    def _transitions(self) -> list[tuple[str, int, str]]:
+        """The rule's transitions over each sensor's values (above 5 raises, below 3
+        clears): (alert id, number, status)."""
+        found = []
+        for sensor, values in sorted(self.values.items()):
+            raised, number = False, 0
+            for value in values:
+                if (not raised and value > 5) or (raised and value < 3):
+                    raised, number = not raised, number + 1
+                    found.append((f"Alert:hot:{sensor}", number, "raised" if raised else "cleared"))
+        return found
+
+    def _alerts(self) -> list[tuple[str, int, str]]:
+        """The alert entities notified, as (id, transition, status), sorted (repeats kept)."""
+        return sorted(
+            (entity["id"], entity["transition"]["value"], entity["status"]["value"])
+            for notification in self.receiver.received()
+            for entity in notification.body["data"]
+            if entity["type"] == "Alert"
+        )
 
 
 def _cluster(
