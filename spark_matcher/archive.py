@@ -75,9 +75,10 @@ def archive_day(micros: int) -> str:
 
 
 def open_archive(spark: Any, root: str) -> Any:
-    """The archive under ``root`` (a path or URL Spark reads) as written, its files listed
-    once: what :func:`read_changes` and :func:`any_change` select from (an
-    AnalysisException with PATH_NOT_FOUND if ``root`` is not there)."""
+    """The archive under ``root`` (a path or URL Spark reads: ``s3a://bucket/prefix`` for
+    the archiver's ``s3://bucket/prefix``, with the hadoop-aws jars, docs/archive.md) as
+    written, its files listed once: what :func:`read_changes` and :func:`any_change` select
+    from (an AnalysisException with PATH_NOT_FOUND if ``root`` is not there)."""
     return spark.read.schema(ARCHIVE_SCHEMA).parquet(root)
 
 

@@ -11,9 +11,10 @@ Markers: ``slow`` is every test that starts processes (ZooKeeper, a cluster, Spa
 as a subprocess, a wheel build); the unmarked rest are unit and property tests
 (``pytest -m "not slow"``). A test that uses a fixture of :data:`SLOW_FIXTURES` is marked
 here; a module that starts processes by itself says ``pytestmark = pytest.mark.slow``.
-Under pytest-xdist (``make test`` runs ``-n``), each worker has its own session fixtures; the
-Spark tests go to one worker (``xdist_group("spark")`` with ``--dist loadgroup``), so one
-Spark driver runs, not one per worker.
+``s3_server`` is a real S3 protocol server (moto's) in a thread of the test process, for the
+archive on an object store. Under pytest-xdist (``make test`` runs ``-n``), each worker has
+its own session fixtures; the Spark tests go to one worker (``xdist_group("spark")`` with
+``--dist loadgroup``), so one Spark driver runs, not one per worker.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,55 @@ def spark() -> Iterator[Any]:
     """The process's SparkSession on local[2], started once for every Spark test (a cold
     start takes ~10 s; Spark's own exit hook stops it)."""
     yield spark_session("local[2]")
+
+
+@dataclass(frozen=True, slots=True)
+class S3Server:
+    """A real S3 protocol server on this machine (moto's): ``endpoint`` is its HOST:PORT."""
+
+    endpoint: str
+
+    def filesystem(self) -> Any:
+        """A pyarrow S3 file system on it that may create buckets."""
+        import pyarrow.fs as pafs
+
+        return pafs.S3FileSystem(
+            endpoint_override=self.endpoint,
+            scheme="http",
+            region="us-east-1",
+            allow_bucket_creation=True,
+        )
+
+    def bucket(self) -> str:
+        """A new, empty bucket's name."""
+        name = f"silbo-{uuid.uuid4().hex[:12]}"
+        self.filesystem().create_dir(name)
+        return name
+
+    def uri(self, path: str) -> str:
+        """The ``s3://`` URI of ``bucket/prefix`` on this server, as ``--archive`` takes it."""
+        return f"s3://{path}?endpoint_override={self.endpoint}&scheme=http&region=us-east-1"
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server in a thread of this process for the whole session (about 0.5 s to
+    start), and credentials in the environment for the AWS SDK in pyarrow, here and in the
+    processes started meanwhile (moto takes any; without them the SDK would look for an
+    instance's credentials, off this machine)."""
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", "silbo-test")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "silbo-test")
+        patch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield S3Server(f"{host}:{port}")
+        finally:
+            server.stop()
 
 
 StartCluster = Callable[..., LocalCluster]

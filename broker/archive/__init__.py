@@ -1,5 +1,7 @@
 """The archive: every change the context stores apply, as Parquet files (docs/archive.md).
 
+- ``broker.archive.location``: where the archive is (a directory, or a URI such as
+  ``s3://bucket/prefix``) and how a file appears there whole or not at all;
 - ``broker.archive.files``: the files: layout, schema, atomic writes, what they hold;
 - ``broker.archive.state``: the archiver's cursors and its batch in progress, in ZooKeeper.
 

@@ -12,10 +12,13 @@ archiver writes one file per (tenant, day, type) it has changes of, named after 
 number and the archive's id (so a file of a batch is known by name, and two archives never
 share one), rows sorted by time, partition, sequence.
 
-A file is written whole or not at all: as ``.<name>.tmp`` in its directory (a name Spark
-and :func:`summary` skip, as every name starting with ``.`` or ``_``), flushed and fsync'd,
-renamed to its name, and the directory fsync'd (:func:`write_batch`); the archiver records
-its cursors only after that (broker.roles.archiver).
+``ROOT`` is a local directory or any URI pyarrow's file systems open (``s3://bucket/prefix``,
+...: broker.archive.location), and the paths here are that file system's. A file is written
+whole or not at all (:func:`write_batch`): locally as ``.<name>.tmp`` in its directory (a
+name Spark and :func:`summary` skip, as every name starting with ``.`` or ``_``), flushed
+and fsync'd, renamed to its name, and the directory fsync'd; on an object store as one
+upload of the whole object; the archiver records its cursors only after that
+(broker.roles.archiver).
 
 ``pyarrow`` is imported where used (the ``archive`` extra): importing this module needs none.
 """
@@ -23,13 +26,15 @@ its cursors only after that (broker.roles.archiver).
 from __future__ import annotations
 
 import json
-import os
+import posixpath
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Any, Final
 from urllib.parse import quote
 
+from broker.archive.location import ArchiveRoot
 from broker.errors import InvalidInput
 from broker.store.changelog import ArchiveRow
 
@@ -49,6 +54,8 @@ __all__ = [
 
 MARKER: Final = "_silbo_archive.json"
 DEFAULT_TENANT: Final = "_"  # the directory of the default tenant ("")
+_LEVELS: Final = ("tenant=", "day=", "type=")  # the directories above a file
+_READERS: Final = 16  # footers read at once by summary()
 # the columns of a file, in order, with their Arrow types (docs/archive.md)
 COLUMNS: Final = (
     ("service_path", "string"),
@@ -89,13 +96,12 @@ def arrow_schema() -> Any:
     return pa.schema([(name, types[kind]) for name, kind in COLUMNS])
 
 
-def group_directory(root: Path, tenant: str, day: str, entity_type: str) -> Path:
+def group_directory(root: ArchiveRoot, tenant: str, day: str, entity_type: str) -> str:
     """The directory of one tenant's changes of one day and entity type."""
-    return (
-        root
-        / f"tenant={quote(tenant or DEFAULT_TENANT, safe='')}"
-        / f"day={day}"
-        / f"type={quote(entity_type, safe='')}"
+    return root.join(
+        f"tenant={quote(tenant or DEFAULT_TENANT, safe='')}",
+        f"day={day}",
+        f"type={quote(entity_type, safe='')}",
     )
 
 
@@ -104,35 +110,41 @@ def file_name(batch: int, archive_id: str) -> str:
     return f"part-{batch:010d}-{archive_id}.parquet"
 
 
-def marker_of(root: Path) -> dict[str, Any] | None:
-    """What the root's marker says (None: no marker, or not one this module wrote)."""
+def marker_of(root: ArchiveRoot) -> dict[str, Any] | None:
+    """What the root's marker says (None: no marker, or not one this module wrote).
+    InvalidInput if it cannot be read."""
     try:
-        found = json.loads((root / MARKER).read_text())
-    except (OSError, ValueError):
+        data = root.read(root.join(MARKER))
+    except OSError as exc:
+        raise InvalidInput(f"--archive {root.uri}: {exc.strerror or exc}") from None
+    try:
+        found = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     return found if isinstance(found, dict) else None
 
 
-def claim(root: Path, archive_id: str, cluster: str) -> None:
+def claim(root: ArchiveRoot, archive_id: str, cluster: str) -> None:
     """Make ``root`` the archive ``archive_id``: created with its marker, or already it.
     InvalidInput if it holds another archive, or cannot be made."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidInput(f"--archive {root}: {exc.strerror or exc}") from None
+    root.make()
     found = marker_of(root)
     if found is not None:
         if found.get("id") != archive_id:
             raise InvalidInput(
-                f"--archive {root} holds the archive {found.get('id')!r} of cluster "
-                f"{found.get('cluster')!r}, not this cluster's ({archive_id!r}): give a new path, "
-                "or move that archive away"
+                f"--archive {root.uri} holds the archive {found.get('id')!r} of cluster "
+                f"{found.get('cluster')!r}, not this cluster's ({archive_id!r}): give a new "
+                "path, or move that archive away"
             )
         return
-    _write_whole(root / MARKER, json.dumps({"id": archive_id, "cluster": cluster}).encode())
+    data = json.dumps({"id": archive_id, "cluster": cluster}).encode()
+    try:
+        root.write(root.join(MARKER), lambda out: out.write(data))
+    except OSError as exc:
+        raise InvalidInput(f"--archive {root.uri}: {exc.strerror or exc}") from None
 
 
-def write_batch(root: Path, rows: Sequence[ArchiveRow], name: str) -> list[Path]:
+def write_batch(root: ArchiveRoot, rows: Sequence[ArchiveRow], name: str) -> list[str]:
     """Write ``rows`` as one file ``name`` per (tenant, day, type), each whole (module
     doc); the directories written, once every file is durable."""
     import pyarrow as pa
@@ -146,83 +158,65 @@ def write_batch(root: Path, rows: Sequence[ArchiveRow], name: str) -> list[Path]
             {column: [getattr(r, column) for r in group] for column, _kind in COLUMNS},
             schema=schema,
         )
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{name}.tmp"
-        with open(tmp, "wb") as out:
-            pq.write_table(table, out, compression="zstd")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, directory / name)
-        _sync_directory(directory)
+        root.make_directory(directory)
+        root.write(
+            posixpath.join(directory, name), partial(pq.write_table, table, compression="zstd")
+        )
         written.append(directory)
-    for parent in {p for d in written for p in (d.parent, d.parent.parent)}:
-        _sync_directory(parent)  # new directories are durable entries of their parents
-    _sync_directory(root)
+    root.settle(written)  # new directories are durable entries of their parents
     return written
 
 
-def remove_batch(directories: Iterable[Path], name: str) -> int:
+def remove_batch(root: ArchiveRoot, directories: Iterable[str], name: str) -> int:
     """Delete the files (and temporary files) ``name`` of a batch that did not complete
-    from these directories; how many went."""
-    gone = 0
-    for directory in directories:
-        for path in (directory / name, directory / f".{name}.tmp"):
-            try:
-                path.unlink()
-                gone += 1
-            except FileNotFoundError:
-                continue
-        if directory.is_dir():
-            _sync_directory(directory)
-    return gone
+    from these directories of :func:`group_directory`, taken under ``root`` (they may name
+    the root the archive was moved from); how many went."""
+    return sum(
+        root.remove(root.join(*directory.rsplit("/", 3)[-3:]), (name, f".{name}.tmp"))
+        for directory in directories
+    )
 
 
-def summary(root: Path) -> list[DaySummary]:
-    """Files and rows per tenant and day that has files (from their footers), sorted."""
+def summary(root: ArchiveRoot) -> list[DaySummary]:
+    """Files and rows per tenant and day that has files (from their footers, read in
+    parallel: an object store answers each after a round trip), sorted. A file deleted
+    while it is read (a batch that did not complete, undone) is not counted."""
+    parquet = []
+    for relative in root.files():
+        parts = relative.split("/")
+        if len(parts) != 4 or not all(
+            part.startswith(prefix) for part, prefix in zip(parts, _LEVELS, strict=False)
+        ):
+            continue
+        if parts[3].endswith(".parquet") and parts[3][:1] not in "._":
+            parquet.append(((parts[0][7:], parts[1][4:]), root.join(relative)))
+    found: dict[tuple[str, str], list[int]] = {}
+    with ThreadPoolExecutor(max_workers=_READERS) as pool:
+        footers = pool.map(partial(_footer_rows, root), [path for _key, path in parquet])
+        for (key, _path), rows in zip(parquet, footers, strict=True):
+            if rows is not None:
+                counts = found.setdefault(key, [0, 0])
+                counts[0] += 1
+                counts[1] += rows
+    return [DaySummary(t, d, files, rows) for (t, d), (files, rows) in sorted(found.items())]
+
+
+def _footer_rows(root: ArchiveRoot, path: str) -> int | None:
+    """The rows of a file, from its footer (None: the file is gone)."""
     import pyarrow.parquet as pq
 
-    found: dict[tuple[str, str], list[int]] = {}
-    for tenant_dir in _entries(root, "tenant="):
-        for day_dir in _entries(tenant_dir, "day="):
-            counts = found.setdefault((tenant_dir.name[7:], day_dir.name[4:]), [0, 0])
-            for type_dir in _entries(day_dir, "type="):
-                for path in type_dir.iterdir():
-                    if path.suffix == ".parquet" and path.name[:1] not in "._":
-                        counts[0] += 1
-                        counts[1] += pq.read_metadata(path).num_rows
-    return [
-        DaySummary(t, d, files, rows) for (t, d), (files, rows) in sorted(found.items()) if files
-    ]
-
-
-def _entries(directory: Path, prefix: str) -> list[Path]:
     try:
-        return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(prefix))
-    except FileNotFoundError:
-        return []
+        return int(pq.read_metadata(path, filesystem=root.filesystem).num_rows)
+    except (OSError, ValueError):  # pyarrow's errors: ArrowIOError, ArrowInvalid
+        if not root.is_file(path):
+            return None  # deleted meanwhile: a batch that did not complete, undone
+    # replaced meanwhile (the batch written again): read whole this time
+    return int(pq.read_metadata(path, filesystem=root.filesystem).num_rows)
 
 
-def _groups(root: Path, rows: Iterable[ArchiveRow]) -> dict[Path, list[ArchiveRow]]:
-    groups: dict[Path, list[ArchiveRow]] = {}
+def _groups(root: ArchiveRoot, rows: Iterable[ArchiveRow]) -> dict[str, list[ArchiveRow]]:
+    groups: dict[str, list[ArchiveRow]] = {}
     for row in rows:
         directory = group_directory(root, row.tenant, row.day, row.entity_type)
         groups.setdefault(directory, []).append(row)
     return groups
-
-
-def _write_whole(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _sync_directory(path.parent)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -7,13 +7,17 @@ One persistent znode under the cluster's chroot, JSON::
                 "pending": {"batch": 42, "directories": ["/abs/archive/tenant=_/..."]} | null,
                 "batched": 1715000000.5, "rows": 120000}
 
-``cursors``: per partition, the sequence of the last change archived (none: nothing yet).
+``root``: where the archive is (broker.archive.location: an absolute path, or a URI such
+as ``s3://bucket/prefix``); ``directories`` are paths of its file system (``bucket/prefix/
+tenant=_/...`` on S3). ``cursors``: per partition, the sequence of the last change archived
+(none: nothing yet).
 ``pending``: the batch being written: its files may exist, whole or not, in those
 directories, and its changes are not counted as archived. The archiver's protocol
 (broker.roles.archiver) is
 
 1. write ``pending`` (the batch number and the directories its files go to);
-2. write the files (each whole and durable: broker.archive.files);
+2. write the files (each whole and durable: broker.archive.files; on an object store, one
+   upload each);
 3. write the cursors past the batch's changes, ``batch`` its number and ``pending`` null,
    in one write;
 4. trim the stores' changelogs up to the cursors.

@@ -60,6 +60,7 @@ from typing import IO, Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from broker.archive.location import location
 from broker.cluster.durable import STORES, clear_previous_run, layout_of, purge, write_layout
 from broker.coordination.client import chroot_of, connect
 from broker.coordination.configuration import (
@@ -138,8 +139,9 @@ class ClusterSpec:
     spark_offload: int = 0  # --spark-offload of every matcher (0: off)
     store_history: bool = False  # --history on of every context store (docs/history.md)
     history_retention: str = ""  # their --history-retention ('': the defaults)
-    # the archive (docs/archive.md): where an archiver writes it ('': no archive, no archiver),
-    # the stores then record their changes; the archiver's --archive-interval
+    # the archive (docs/archive.md): where an archiver writes it, a path or a URI ('': no
+    # archive, no archiver), the stores then record their changes; the archiver's
+    # --archive-interval
     archive: str = ""
     archive_interval: float = DEFAULT_ARCHIVE_INTERVAL
     # --max-rate of every process of a layer: (role value, items a second), capacity emulation
@@ -205,6 +207,11 @@ class ClusterSpec:
                 problems.append(f"--history-retention: {exc}")
         if not self.status_flush > 0:
             problems.append(f"--status-flush must be positive, not {self.status_flush}")
+        if self.archive:
+            try:
+                location(self.archive)
+            except InvalidInput as exc:
+                problems.append(str(exc))
         if not self.archive_interval > 0:
             problems.append(
                 f"--archive-interval must be positive seconds, not {self.archive_interval:g}"
@@ -255,7 +262,8 @@ class ChildOptions:
     max_rates: tuple[tuple[str, float], ...] = ()  # (role value, --max-rate) per capped layer
     store_history: bool = False  # context stores: --history on
     history_retention: str = ""  # context stores: --history-retention ('': the defaults)
-    archive: str = ""  # the archiver's --archive (absolute); the stores' --archive on if set
+    # the archiver's --archive (a path made absolute, or a URI); the stores' --archive on if set
+    archive: str = ""
     archive_interval: float = DEFAULT_ARCHIVE_INTERVAL  # the archiver's --archive-interval
 
     @classmethod
@@ -277,7 +285,7 @@ class ChildOptions:
             tuple(spec.max_rates),
             spec.store_history,
             spec.history_retention,
-            str(Path(spec.archive).resolve()) if spec.archive else "",
+            location(spec.archive) if spec.archive else "",
             spec.archive_interval,
         )
 

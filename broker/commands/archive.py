@@ -1,18 +1,19 @@
 """``silbo archive status``: what the archive holds, what waits for it, whether it moves.
 
     silbo archive status [--state-dir DIR | --zk HOST:PORT [--cluster NAME]]
-                         [--archive PATH] [--json]
+                         [--archive PATH|URI] [--json]
 
 For the cluster (``--state-dir``, default ``.silbo``, or ``--zk``/``--cluster``) whose
 archiver runs (``silbo up --archive PATH``): per tenant and day the files and rows the
 archive holds (their Parquet footers), the changes the stores hold that are not archived
 yet (each partition's primary counts those after the archiver's cursor: per store, in all,
 and the age of the oldest), and the archiver's liveness (its registration, its last batch).
-``--archive`` reads the files there rather than where the archiver writes.
+``--archive`` reads the files there rather than where the archiver writes: a path, or a URI
+as the archiver takes (``s3://bucket/prefix``..., broker.archive.location).
 
 Exit status: 0; 2 for what the user can fix (no cluster described, a cluster without an
-archive, an archive directory that is not there), one line on stderr; 1 if the cluster
-did not answer.
+archive, an archive directory that is not there), one line on stderr; 1 if the cluster,
+or the archive's file system, did not answer.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from broker.archive import files
+from broker.archive.location import open_root
 from broker.archive.state import ArchiveState, read_state
 from broker.commands.admin import cluster_address
 from broker.coordination.client import connect
@@ -62,7 +63,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     status.add_argument(
         "--archive",
         default=None,
-        metavar="PATH",
+        metavar="PATH|URI",
         help="read the files here (default: the archiver's)",
     )
     status.add_argument("--json", action="store_true", help="one JSON object")
@@ -74,7 +75,7 @@ def run_status(args: argparse.Namespace) -> int:
     try:
         require("archive", "silbo archive status")
         hosts, cluster = cluster_address(args)
-        status = archive_status(hosts, cluster, Path(args.archive) if args.archive else None)
+        status = archive_status(hosts, cluster, args.archive)
     except (InvalidInput, MissingExtra) as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -88,7 +89,7 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def archive_status(hosts: str, cluster: str, root: Path | None = None) -> dict[str, Any]:
+def archive_status(hosts: str, cluster: str, where: str | None = None) -> dict[str, Any]:
     """The archive's status as one JSON-able object (``silbo archive status --json``)."""
     client = connect(hosts, cluster=cluster, timeout=10.0)
     try:
@@ -105,15 +106,18 @@ def archive_status(hosts: str, cluster: str, root: Path | None = None) -> dict[s
     finally:
         client.stop()
         client.close()
-    where = root if root is not None else Path(state.root)
-    if not where.is_dir():
-        raise InvalidInput(f"the archive directory {where} does not exist")
-    days = files.summary(where)
+    root = open_root(where if where is not None else state.root)
+    try:
+        if not root.exists():
+            raise InvalidInput(f"the archive directory {root.uri} does not exist")
+        days = files.summary(root)
+    except OSError as exc:
+        raise SilboError(f"the archive {root.uri} could not be read: {exc}") from None
     now = time.time()
     return {
         "cluster": cluster,
         "id": state.id,
-        "root": str(where),
+        "root": root.uri,
         "archiver": {
             "running": bool(archivers),
             "processes": [{"name": m.name, "pid": m.pid, "address": m.address} for m in archivers],

@@ -12,7 +12,7 @@
         [--store-dir DIR [--store-id ID] [--store-engine rocksdb|lmdb]
          [--history on|off] [--history-retention raw=7d,minute=14d,...]
          [--archive on|off]]                                          (context stores)
-        [--archive PATH [--archive-interval S] [--archive-rows N]]    (the archiver)
+        [--archive PATH|URI [--archive-interval S] [--archive-rows N]]  (the archiver)
         [--max-rate N]                 (serve at most N items/s: capacity emulation)
 
 It stops cleanly on SIGTERM or Ctrl-C. Errors a user can fix (an unreachable ZooKeeper, a
@@ -138,9 +138,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--archive",
         default="",
-        metavar="on|off|PATH",
+        metavar="on|off|PATH|URI",
         help="context stores: on records every change for the archiver (default off; "
-        "docs/archive.md); the archiver: the directory of the archive's Parquet files",
+        "docs/archive.md); the archiver: where the archive's Parquet files go, a directory "
+        "or a URI such as s3://bucket/prefix",
     )
     add_archive_batches(parser)
     add_status_flush(parser)

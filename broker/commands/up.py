@@ -8,7 +8,7 @@
         [--detach] [--hang-after 1.25] [--log-level INFO] [--timeout 60]
         [--max-rate LAYER=N ...]     (capacity emulation: docs/autoscaling.md)
         [--autoscale [--autoscale-interval 2]]   (automatic scaling: docs/autoscaling.md)
-        [--archive PATH [--archive-interval S]]  (the archive of every change: docs/archive.md)
+        [--archive PATH|URI [--archive-interval S]]  (the archive of every change: docs/archive.md)
 
 Without ``--zk`` an embedded ZooKeeper is started too, its data kept under
 STATE_DIR/zookeeper: a cluster started again from the same state directory has its HTTP
@@ -28,7 +28,8 @@ down`` and ``silbo admin status --state-dir`` read).
   ``--hang-after 0`` turns both off.
   With ``--archive PATH`` the context stores record every change they apply and an
   archiver process (``silbo run archiver``, log ``archiver-1.log``) moves them to Parquet
-  files under PATH, supervised as the others (``silbo archive status``).
+  files under PATH, or a URI such as ``s3://bucket/prefix`` (broker.archive.location),
+  supervised as the others (``silbo archive status``).
   With ``--autoscale`` it also starts two autoscaling controllers (``silbo autoscaler``,
   logs ``autoscaler-N.log``): one leads and scales the layers with their load, the other
   stands by. A controller that dies is not restarted (the other leads on).
@@ -195,9 +196,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--archive",
         default="",
-        metavar="PATH",
-        help="archive every change the context stores apply as Parquet files under PATH, by "
-        "an archiver process (default: no archive; docs/archive.md, silbo archive status)",
+        metavar="PATH|URI",
+        help="archive every change the context stores apply as Parquet files under PATH, or "
+        "a URI such as s3://bucket/prefix, by an archiver process (default: no archive; "
+        "docs/archive.md, silbo archive status)",
     )
     parser.add_argument(
         "--archive-interval",

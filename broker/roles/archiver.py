@@ -1,6 +1,6 @@
 """The archiver: the context stores' changes, moved to Parquet files (``silbo run archiver``).
 
-A small process (one per cluster; ``silbo up --archive PATH`` starts and supervises it)
+A small process (one per cluster; ``silbo up --archive PATH|URI`` starts and supervises it)
 that every ``--archive-interval`` seconds runs one *batch* (docs/archive.md):
 
 1. **pull**: from each partition's primary (broker.store.layout's view), the changes after
@@ -39,6 +39,7 @@ import grpc
 from grpc import aio
 
 from broker.archive import files
+from broker.archive.location import ArchiveRoot, open_root
 from broker.archive.state import (
     ArchiveConflict,
     ArchiveState,
@@ -76,7 +77,7 @@ class Archiver:
         self._task: asyncio.Task[None] | None = None
         self._channels: dict[str, aio.Channel] = {}
         self._state: ArchiveState | None = None
-        self._root = Path()
+        self._root: ArchiveRoot | None = None
         self._trimmed: dict[int, int] = {}  # partition: trimmed up to (this process knows)
         self._turn = 0  # where the next pull starts among the partitions (fairness)
         self._warned = False
@@ -92,15 +93,16 @@ class Archiver:
         require("archive", "silbo run archiver")
         self._context = context
         options = context.options
-        self._root = Path(options.archive_root).resolve()
-        state = await asyncio.to_thread(create_state, context.zk, str(self._root), options.cluster)
+        root = self._root = await asyncio.to_thread(open_root, options.archive_root)
+        state = await asyncio.to_thread(create_state, context.zk, root.uri, options.cluster)
         self._state = await self._adopt(state)
         self._watch = await asyncio.to_thread(LayoutWatch, context.zk)
         self._task = asyncio.create_task(self._run(), name="archiver")
         _log.info(
-            "archiver: archive %s in %s, batch %d, %d partitions archived so far",
+            "archiver: archive %s in %s (%s), batch %d, %d partitions archived so far",
             self._state.id,
-            self._root,
+            root.uri,
+            root.kind.value,
             self._state.batch,
             len(self._state.cursors),
         )
@@ -119,15 +121,15 @@ class Archiver:
         """The state, once this root is the archive's (moved there, or refused) and a batch
         a crash left pending is undone."""
         zk = self._zk()
-        root = self._root
-        if state.root != str(root):
-            marker = files.marker_of(root)
+        root = self._archive_root()
+        if state.root != root.uri:
+            marker = await asyncio.to_thread(files.marker_of, root)
             if marker is None or marker.get("id") != state.id:
                 raise InvalidInput(
-                    f"cluster {state.cluster} archives to {state.root}, not {root}: give "
-                    f"--archive {state.root} (or move that directory to {root} first)"
+                    f"cluster {state.cluster} archives to {state.root}, not {root.uri}: give "
+                    f"--archive {state.root} (or move that archive to {root.uri} first)"
                 )
-            state = await asyncio.to_thread(replace(state, root=str(root)).write, zk)
+            state = await asyncio.to_thread(replace(state, root=root.uri).write, zk)
         await asyncio.to_thread(files.claim, root, state.id, state.cluster)
         if state.pending is not None:
             state = await self._abandon(state)
@@ -139,7 +141,7 @@ class Archiver:
         assert pending is not None
         name = files.file_name(pending.batch, state.id)
         gone = await asyncio.to_thread(
-            files.remove_batch, [Path(d) for d in pending.directories], name
+            files.remove_batch, self._archive_root(), pending.directories, name
         )
         _log.warning(
             "archiver: batch %d did not complete: its %d files deleted, its changes taken again",
@@ -190,14 +192,15 @@ class Archiver:
         zk = self._zk()
         batch = state.batch + 1
         name = files.file_name(batch, state.id)
+        root = self._archive_root()
         directories = sorted(
-            {str(files.group_directory(self._root, r.tenant, r.day, r.entity_type)) for r in rows}
+            {files.group_directory(root, r.tenant, r.day, r.entity_type) for r in rows}
         )
         started = time.monotonic()
         state = self._state = await asyncio.to_thread(
             state.begun(Pending(batch, tuple(directories))).write, zk
         )
-        await asyncio.to_thread(files.write_batch, self._root, rows, name)
+        await asyncio.to_thread(files.write_batch, root, rows, name)
         _fault()
         upto: dict[int, int] = {}
         for row in rows:
@@ -281,6 +284,10 @@ class Archiver:
                 address, options=CHANNEL_OPTIONS
             )
         return wire_grpc.ContextStoreStub(channel)  # type: ignore[no-untyped-call]
+
+    def _archive_root(self) -> ArchiveRoot:
+        assert self._root is not None, "the archiver has not started"
+        return self._root
 
     def _layout_watch(self) -> LayoutWatch:
         assert self._watch is not None, "the archiver has not started"

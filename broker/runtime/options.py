@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from broker.addresses import parse_address
+from broker.archive.location import location
 from broker.errors import InvalidInput
 from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
 from broker.ngsi.retry import DEFAULT_WINDOW, window_problem
@@ -72,7 +73,8 @@ class ProcessOptions:
     and each level (broker.store.history: ``raw=7d,minute=14d,...``; '' for the defaults),
     recording or not; ``archive`` whether it records its changelog for the archiver
     (broker.store.changelog).
-    ``archive_root`` (the archiver, required) is the directory of its Parquet files,
+    ``archive_root`` (the archiver, required) is where its Parquet files go: a directory or
+    a URI of pyarrow's file systems (``s3://bucket/prefix``..., broker.archive.location),
     ``archive_interval`` the seconds between two of its batches, ``archive_rows`` the most
     changes one batch takes (broker.roles.archiver).
     ``max_rate``: the process takes in at most that many data-path items a second (0: no
@@ -179,10 +181,15 @@ class ProcessOptions:
         if self.archive and self.role is not Role.CONTEXT_STORE:
             problems.append("--archive on|off is for context stores")
         if self.role is Role.ARCHIVER and not self.archive_root:
-            problems.append("the archiver needs --archive PATH (where its Parquet files go)")
+            problems.append("the archiver needs --archive PATH|URI (where its Parquet files go)")
+        if self.archive_root:
+            try:
+                location(self.archive_root)
+            except InvalidInput as exc:
+                problems.append(str(exc))
         if self.archive_root and self.role is not Role.ARCHIVER:
             problems.append(
-                "--archive is for context stores (on|off) and the archiver (PATH), not a "
+                "--archive is for context stores (on|off) and the archiver (PATH|URI), not a "
                 f"{self.role.value}"
             )
         if not (math.isfinite(self.archive_interval) and self.archive_interval > 0):

@@ -79,3 +79,7 @@ def test_an_archive_starts_an_archiver_and_turns_the_stores_recording_on(tmp_pat
     assert "--archive" not in options.arguments(Role.MATCHER, 1)
     assert "--archive" not in ChildOptions(store_root="/s").arguments(Role.CONTEXT_STORE, 1)
     assert ChildOptions.from_dict(json.loads(json.dumps(options.to_dict()))) == options
+    uri = "s3://bucket/archive?region=eu-west-1"  # a URI as given; a file:// one is a path
+    for given, kept in ((uri, uri), (f"file://{tmp_path}/a%20b", f"{tmp_path}/a b")):
+        archiver = ChildOptions.of(ClusterSpec(state_dir=tmp_path, archive=given))
+        assert archiver.arguments(Role.ARCHIVER, 1)[-4:-2] == ["--archive", kept]

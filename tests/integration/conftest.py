@@ -10,6 +10,8 @@ The tests drive real processes (``start_cluster`` in ``tests/conftest.py``) thro
   once, each ending with an *end marker*; a recorder that has every publisher's marker has
   everything those publishers sent before it (notifications keep each publisher's order),
   which is how the tests know delivery is over without sleeping for it;
+- :class:`Supervised` supervises a cluster in a thread as ``silbo up`` does (restarts
+  what dies);
 - :func:`assert_exact_delivery` compares a recorder's notifications with what
   :func:`broker.matching.reference.subscription_matches` says it should get: exactly once
   each, in per-publisher order, with the entity that was published.
@@ -19,7 +21,9 @@ Imported by the test modules as ``from integration.conftest import ...``.
 
 from __future__ import annotations
 
+import io
 import itertools
+import json
 import queue
 import threading
 import time
@@ -35,10 +39,12 @@ from kazoo.client import KazooClient
 
 from broker.client import Client, SubscriptionHandle
 from broker.cluster import LocalCluster
+from broker.cluster.supervisor import CHECK_INTERVAL, Supervisor
 from broker.commands.admin import gather_status
 from broker.matching.reference import subscription_matches
 from broker.model.subscription import EntitySelector, Subscription
 from broker.model.update import ContextUpdate
+from broker.runtime.options import Role
 from broker.wire import client_pb2 as pb
 from broker.wire.convert import entity_from_update
 
@@ -51,6 +57,7 @@ __all__ = [
     "Received",
     "Recorder",
     "SteadyPublisher",
+    "Supervised",
     "assert_exact_delivery",
     "cluster_status",
     "end_marker",
@@ -422,3 +429,35 @@ def subscriptions_held(cluster: LocalCluster) -> dict[str, float]:
     held["matcher"] = copies // width if copies % width == 0 else copies / width
     held["matcher_copies"] = copies
     return dict(held)
+
+
+class Supervised:
+    """A cluster's supervisor checking it in a thread, as ``silbo up``'s does (what dies is
+    restarted; what it says is in ``said``)."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.said = io.StringIO()
+        self._supervisor = Supervisor(cluster, out=self.said, hang_after=0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._check, daemon=True)
+        self._thread.start()
+
+    def _check(self) -> None:
+        while not self._stop.wait(CHECK_INTERVAL):
+            self._supervisor.check()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._supervisor.close()
+
+    def pid(self, role: Role, number: int = 1) -> int:
+        """The pid of process ``number`` of a role, as cluster.json has it now."""
+        described = json.loads((self.cluster.state_dir / "cluster.json").read_text())
+        (entry,) = [
+            p
+            for p in described["processes"]
+            if p["role"] == role.value and p["log"].endswith(f"-{number}.log")
+        ]
+        return int(entry["pid"])
