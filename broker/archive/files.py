@@ -105,9 +105,9 @@ def group_directory(root: ArchiveRoot, tenant: str, day: str, entity_type: str) 
     )
 
 
-def file_name(batch: int, archive_id: str) -> str:
-    """The name of a batch's file in each directory it writes."""
-    return f"part-{batch:010d}-{archive_id}.parquet"
+def file_name(batch: int, archive_id: str, token: str = "") -> str:
+    """The name of a batch's file in each directory it writes (``token``: the try's)."""
+    return f"part-{batch:010d}-{archive_id}{'-' + token if token else ''}.parquet"
 
 
 def marker_of(root: ArchiveRoot) -> dict[str, Any] | None:

@@ -58,10 +58,14 @@ class ArchiveConflict(CoordinationError):
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A batch being written: its number and the directories of its files."""
+    """A batch being written: its number, the directories of its files, and this try's
+    token (in its files' names: a try of an archiver that hung, then woke after another
+    took its batch over, writes files of other names, which repeat rows, never replace
+    the other's)."""
 
     batch: int
     directories: tuple[str, ...]
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,11 @@ class ArchiveState:
             "batch": self.batch,
             "cursors": {str(p): s for p, s in sorted(self.cursors.items())},
             "pending": (
-                {"batch": pending.batch, "directories": list(pending.directories)}
+                {
+                    "batch": pending.batch,
+                    "directories": list(pending.directories),
+                    "token": pending.token,
+                }
                 if pending is not None
                 else None
             ),
@@ -110,7 +118,11 @@ class ArchiveState:
                 str(body["root"]),
                 int(body.get("batch", 0)),
                 {int(p): int(s) for p, s in (body.get("cursors") or {}).items()},
-                Pending(int(pending["batch"]), tuple(map(str, pending["directories"])))
+                Pending(
+                    int(pending["batch"]),
+                    tuple(map(str, pending["directories"])),
+                    str(pending.get("token", "")),
+                )
                 if pending
                 else None,
                 float(body.get("batched", 0.0)),

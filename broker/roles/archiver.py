@@ -139,7 +139,7 @@ class Archiver:
         """Delete the files of the batch ``state`` has pending; the state without it."""
         pending = state.pending
         assert pending is not None
-        name = files.file_name(pending.batch, state.id)
+        name = files.file_name(pending.batch, state.id, pending.token)
         gone = await asyncio.to_thread(
             files.remove_batch, self._archive_root(), pending.directories, name
         )
@@ -191,14 +191,15 @@ class Archiver:
         """Steps 2 and 3 of a batch; the state after it."""
         zk = self._zk()
         batch = state.batch + 1
-        name = files.file_name(batch, state.id)
+        token = os.urandom(4).hex()  # this try's: a hung archiver's late files are others
+        name = files.file_name(batch, state.id, token)
         root = self._archive_root()
         directories = sorted(
             {files.group_directory(root, r.tenant, r.day, r.entity_type) for r in rows}
         )
         started = time.monotonic()
         state = self._state = await asyncio.to_thread(
-            state.begun(Pending(batch, tuple(directories))).write, zk
+            state.begun(Pending(batch, tuple(directories), token)).write, zk
         )
         await asyncio.to_thread(files.write_batch, root, rows, name)
         _fault()

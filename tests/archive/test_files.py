@@ -31,6 +31,7 @@ from broker.archive.files import (
     write_batch,
 )
 from broker.archive.location import ArchiveRoot, Kind, location, open_root
+from broker.archive.state import ArchiveState, Pending
 from broker.errors import InvalidInput
 from broker.store.changelog import ArchiveRow
 
@@ -89,6 +90,8 @@ def test_a_batch_is_one_file_per_tenant_day_and_type_with_the_schema(rooted: Roo
     ]
     write_batch(root, [_row("", "Room", 7)], name)  # a retry of batch 1 replaces its file
     assert pq.read_table(room, filesystem=root.filesystem).column("sequence").to_pylist() == [7]
+    # two tries of one batch (a hung archiver's and its replacement's) never share a name
+    assert len({file_name(1, "abc", "t1"), file_name(1, "abc", "t2"), name}) == 3
     moved = [f"/moved/from/{d[len(root.path) + 1 :]}" for d in written]  # the archive moved
     assert remove_batch(root, moved, name) == 4  # a batch that did not complete
     assert remove_batch(root, written, name) == 0
@@ -179,3 +182,14 @@ def test_the_archives_commands_refuse_bad_input(
 ) -> None:
     assert cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_pending_batch_keeps_its_tries_token_through_zookeepers_json() -> None:
+    state = ArchiveState("id1", "c", "/a").begun(Pending(3, ("/a/tenant=_",), "beef"))
+    again = ArchiveState.decode(state.encode(), 7)
+    assert again.pending == Pending(3, ("/a/tenant=_",), "beef") and again.version == 7
+    older = json.loads(state.encode())  # a state written before tokens: the batch's own name
+    del older["pending"]["token"]
+    assert ArchiveState.decode(json.dumps(older).encode(), 1).pending == Pending(
+        3, ("/a/tenant=_",)
+    )
