@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import grpc
+from kazoo.client import KazooClient
 
 from broker.archive import files
 from broker.archive.location import open_root
@@ -100,9 +101,7 @@ def archive_status(hosts: str, cluster: str, where: str | None = None) -> dict[s
                 "(or run silbo run archiver --archive PATH)"
             )
         archivers = members(client, Role.ARCHIVER.value)
-        watch = LayoutWatch(client)
-        view = watch.view
-        watch.stop()
+        waiting = _counted(client, state)
     finally:
         client.stop()
         client.close()
@@ -126,13 +125,33 @@ def archive_status(hosts: str, cluster: str, where: str | None = None) -> dict[s
             "pending": state.pending.batch if state.pending is not None else None,
             "rows": state.rows,
         },
-        "waiting": _waiting(view, state, now),
+        "waiting": waiting,
         "days": [
             {"tenant": d.tenant, "day": d.day, "files": d.files, "rows": d.rows} for d in days
         ],
         "files": sum(d.files for d in days),
         "rows": sum(d.rows for d in days),
     }
+
+
+class _Moved(SilboError):
+    """A store asked to count a partition's changes is not its primary any more."""
+
+
+def _counted(client: KazooClient, state: ArchiveState, tries: int = 3) -> dict[str, Any]:
+    """:func:`_waiting` by the stores' layout as it is; again (a fresh view, up to
+    ``tries`` times) while partitions move between stores (a scale, a store back)."""
+    for attempt in range(tries):
+        watch = LayoutWatch(client)
+        view = watch.view
+        watch.stop()
+        try:
+            return _waiting(view, state, time.time())
+        except _Moved:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def _waiting(view: StoreView, state: ArchiveState, now: float) -> dict[str, Any]:
@@ -162,7 +181,9 @@ def _waiting(view: StoreView, state: ArchiveState, now: float) -> dict[str, Any]
                 )
         except grpc.RpcError as exc:
             detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            raise SilboError(f"store {store} did not count its changes: {detail}") from None
+            moved = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+            error = _Moved if moved else SilboError
+            raise error(f"store {store} did not count its changes: {detail}") from None
         archiving, counted, _more = unpack(answer.body)
         recording[store] = bool(archiving)
         by_store[store] = sum(int(count) for count, _first in counted.values())
