@@ -26,6 +26,7 @@ only builds the tree; adding a command is one row in :data:`_COMMANDS` or
     silbo bench context             broker.bench.context
     silbo bench store-scale         broker.bench.store_scale
     silbo bench autoscale           broker.bench.autoscale
+    silbo bench derived             broker.bench.derived
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ _BENCHMARKS: tuple[tuple[str, str, str], ...] = (
         "autoscale",
         "the autoscaling controller under a load profile, with a capped layer and an oracle",
         "broker.bench.autoscale:configure",
+    ),
+    (
+        "derived",
+        "Theodolite UC2 and UC4 on the aggregation groups: highest sustained rate by stores",
+        "broker.bench.derived:configure",
     ),
 )
 
