@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -519,7 +520,9 @@ def _rank(value: Any) -> tuple[Any, ...]:
     if isinstance(value, bool):
         return (5, value)
     if isinstance(value, int | float):
-        return (1, value)
+        # NaN compares with nothing (a sort over it would depend on the input's order):
+        # MongoDB puts it before every other number, -Infinity included
+        return (1, -math.inf, 0) if value != value else (1, value, 1)
     if isinstance(value, str):
         return (2, value)
     if isinstance(value, dict):

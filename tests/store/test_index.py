@@ -308,3 +308,16 @@ def test_a_query_naming_ids_is_left_to_their_prefix_scans() -> None:
     entities = Entities(MemoryEngine())
     query = parse_entity_query({"id": "a"}, "", None)
     assert indexed_part(entities.index, lambda: iter(()), entities.fetch, query, None, NOW) is None
+
+
+def test_ordering_by_a_value_that_is_nan_is_the_same_whatever_the_input_order() -> None:
+    # found by the property test above: NaN compares with nothing, so a sort over it gave
+    # the scan's and the index's inputs in their own orders; MongoDB puts NaN first
+    nan = _document("", "T", "urn:e2", "/", math.nan, None, 1.0, None)
+    twenty = _document("", "T", "urn:e0", "/", 20, None, 1.0, None)
+    least = _document("", "T", "urn:e1", "/", -math.inf, None, 1.0, None)
+    for limit in ("1", "3"):
+        query = parse_entity_query({"orderBy": "temp", "limit": limit}, "", "/#")
+        for given_order in itertools.permutations((nan, twenty, least)):
+            part = select(given_order, query, NOW)
+            assert [d.id for d in part.documents] == ["urn:e2", "urn:e1", "urn:e0"][: int(limit)]
