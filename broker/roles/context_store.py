@@ -549,7 +549,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
                 continue
             try:
                 await copier.drop_left(layout)
-                arriving = [p for p in layout.arriving_of(self.store_id) if p not in copier.whole]
+                arriving = copier.arriving(layout)
                 if not arriving and self._registration.layout == layout.version:
                     continue
                 copied = await copier.copy(view, arriving)

@@ -11,6 +11,13 @@ that a scale gives partitions (those that arrive to it).
 
 A partition a store no longer holds once a layout settles (no ``previous``: the scale
 completed, or was rolled back) is dropped: every key of it deleted.
+
+A partition that arrives to a store in a transition is copied for that transition, whatever
+the store held of it before: the store may never have seen the settled layout that took the
+partition away (a watch reports the newest layout, not each one), and what it kept since is
+stale. It counts as whole again only once copied for this layout version. What was shipped
+of it before (a primary still on an older layout ships a write in flight after the store
+dropped the partition) is forgotten then: the copy's scan has it, or newer.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Copier:
         self._entities = entities
         self._stream = stream
         self.whole: set[int] = set()
+        self._copied_for: dict[int, int] = {}  # partition: the layout version it was copied for
         self._shipped: dict[int, set[bytes]] = {}  # not whole: keys a primary shipped
         self._lock = asyncio.Lock()  # copies and shipments of partitions not whole, in turn
         self._settled_version = 0  # the last settled layout whose partitions were dropped
@@ -54,6 +62,17 @@ class Copier:
         if layout is not None:
             arriving = set(layout.arriving_of(self._store_id))
             self.whole = set(layout.partitions_of(self._store_id)) - arriving
+
+    def arriving(self, layout: StoreLayout) -> list[int]:
+        """The partitions that arrive here in ``layout`` and were not copied for it yet; they
+        are no longer whole (module doc), so what primaries ship of them from now on is
+        recorded and wins over their copy."""
+        arriving = layout.arriving_of(self._store_id)
+        wanted = [p for p in arriving if self._copied_for.get(p) != layout.version]
+        self.whole.difference_update(wanted)
+        for partition in wanted:  # shipped before the copy asks: its scan has it, or newer
+            self._shipped.pop(partition, None)
+        return wanted
 
     async def receive(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes]) -> None:
         """Store a primary's shipment; keys of partitions not whole are recorded first."""
@@ -77,11 +96,12 @@ class Copier:
             if primary is None or primary == self._store_id:
                 raise NotYet(f"partition {partition} has no primary to copy from")
             by_primary.setdefault(primary, []).append(partition)
+        version = view.layout.version if view.layout is not None else 0
         for primary, wanted in by_primary.items():
-            await self._copy_from(primary, wanted)
+            await self._copy_from(primary, wanted, version)
         return by_primary
 
-    async def _copy_from(self, primary: str, partitions: list[int]) -> None:
+    async def _copy_from(self, primary: str, partitions: list[int], version: int) -> None:
         seen: set[bytes] = set()
         size = 0
         body = pack([self._store_id, self._address, partitions])
@@ -100,6 +120,7 @@ class Copier:
             for partition in partitions:
                 self._shipped.pop(partition, None)
                 self.whole.add(partition)
+                self._copied_for[partition] = version
         self.copied = (self.copied[0] + len(seen), self.copied[1] + size)
         _log.info(
             "store %s copied %d partitions from %s (%d keys, %d bytes, %d stale removed)",
