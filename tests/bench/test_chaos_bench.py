@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_a_short_chaos_run_reports_each_fault_and_loses_nothing_twice(tmp_path: Path) -> None:
     plot = tmp_path / "chaos.png"
     command = [sys.executable, "-m", "broker.cli", "bench", "chaos", "--count", "3"]
-    command += ["--interval", "5", "--rate", "100", "--subscriptions", "30"]
+    command += ["--interval", "3", "--rate", "100", "--subscriptions", "30"]
     command += ["--faults", "scale-kill,zookeeper,context-store", "--json", "--plot", str(plot)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

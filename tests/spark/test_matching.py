@@ -66,8 +66,8 @@ def _check(
 
 def test_a_large_random_workload_matches_as_the_reference(spark: Any, method: str) -> None:
     source = RandomSource(random.Random(20261122))
-    subs = [draw_subscription(source, f"s{i}") for i in range(1500)]
-    ups = [draw_update(source) for _ in range(300)]
+    subs = [draw_subscription(source, f"s{i}") for i in range(1000)]
+    ups = [draw_update(source) for _ in range(200)]
     assert _check(spark, method, subs, ups) > 10_000  # the corners are exercised, not skipped
 
 
