@@ -140,12 +140,31 @@ class StoreAggregation:
         if self._watch is not None:
             self._watch.stop()
         puts, deletes = self.aggregator.durable(everything=True)
+        puts = self._storable(puts)
         if puts or deletes:
             with contextlib.suppress(SilboError):
                 await self._committer.write(puts, deletes)
         for channel in self._channels.values():
             await channel.close()
         await self._writer.close()
+
+    def _storable(self, puts: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The pane records the engine takes: one whose key is too long (LMDB: 511 bytes; a
+        long group id, service path and group key) is kept in memory only, and logged,
+        rather than failing every round's write (docs/aggregation.md)."""
+        limit = self._engine.max_key_size
+        if limit is None:
+            return puts
+        kept = [(k, v) for k, v in puts if len(k) <= limit]
+        if len(kept) < len(puts):
+            _log.warning(
+                "%d aggregation records have keys over %d bytes: kept in memory only (lost "
+                "on a restart of store %s)",
+                len(puts) - len(kept),
+                limit,
+                self.aggregator.store_id,
+            )
+        return kept
 
     async def _hand_over(self) -> None:
         """Close every pane (this store applies nothing more) and report them until each
@@ -213,6 +232,7 @@ class StoreAggregation:
         now, oldest = time.time(), self._oldest()
         aggregator.close(now if oldest is None else min(now, oldest))
         puts, deletes = aggregator.durable()
+        puts = self._storable(puts)
         if puts or deletes:
             await self._committer.write(puts, deletes)
         view = self._view()

@@ -56,7 +56,14 @@ from typing import Any, Final
 
 import msgpack
 
-from broker.errors import AmbiguousEntity, InvalidIdentifier, NotFound, SilboError, Unavailable
+from broker.errors import (
+    AmbiguousEntity,
+    InvalidIdentifier,
+    InvalidInput,
+    NotFound,
+    SilboError,
+    Unavailable,
+)
 from broker.model.update import DEFAULT_ENTITY_TYPE
 from broker.store.alert_log import OUTBOX_SPACE, STATE_SPACE, AlertLog
 from broker.store.changelog import CHANGELOG_SPACE, TRIM_MOST, Changelog
@@ -175,6 +182,9 @@ def _outcome_key(intent: Intent) -> bytes:
     """Where a write's outcome is kept: under its entity's partition (module doc)."""
     partition = partition_of(intent.tenant, intent.entity_id)
     return _WRITES + partition.to_bytes(2, "big") + intent.write_id
+
+
+_EXPIRY_EXTRA = len(_EXPIRY) + 8  # what an expiry index key adds to its document's key
 
 
 def _expiry_key(expires: float, key: bytes) -> bytes:
@@ -505,6 +515,7 @@ class Entities:
             if entity_type is None:
                 entity_type = self._resolve(intent)
             key = document_key(intent.tenant, intent.service_path, intent.entity_id, entity_type)
+            self._check_fits(key)
         except SilboError as exc:
             return Applied(None, None, None, error=exc), None, None
         data, current = self._read_raw(key)
@@ -512,6 +523,17 @@ class Entities:
         if current is None and intent.upsert and write.mode is not Mode.UPSERT:
             write = replace(write, mode=Mode.CREATE)
         return apply(current, write, now), key, data
+
+    def _check_fits(self, key: bytes) -> None:
+        """InvalidInput (400) if the engine cannot store a document under ``key`` with its
+        expiry index entry (LMDB: 511 bytes; the id, type and service path make the key)."""
+        limit = self._engine.max_key_size
+        if limit is not None and len(key) + _EXPIRY_EXTRA > limit:
+            raise InvalidInput(
+                f"the entity's id, type and service path take {len(key)} bytes as a storage "
+                f"key; this store's engine ({self._engine.kind}) takes at most "
+                f"{limit - _EXPIRY_EXTRA}"
+            )
 
     def _resolve(self, intent: Intent) -> str:
         """The type of the one entity the write names by id (module doc)."""

@@ -218,7 +218,7 @@ class HistoryLog:
         values: list[tuple[str, float | str]] = []
         for sample in samples:
             prefix = entity + sample.attribute.encode() + _SEP
-            if self._raw:
+            if self._raw and self._fits(_raw_key(prefix, 0, 0)):
                 sequence = self._sequence(prefix, moment, last if before is not None else None)
                 puts.append((_raw_key(prefix, moment, sequence), raw_value(sample)))
                 self._times[prefix] = (ticket, moment, sequence + 1)
@@ -228,6 +228,8 @@ class HistoryLog:
             value = aggregated(sample)
             if value is not None:
                 values.append((sample.attribute, value))
+        if not self._fits(entity + _SEP + b"?" + bytes(8)):  # every level's slot key
+            values = []
         for index, code, keep, pruned_by in self._plan if values else ():
             at = entity + _SEP + code + starts[index].to_bytes(8, "big")
             slots = dict(self._slots(at)) if not empty[index] else {}
@@ -238,6 +240,12 @@ class HistoryLog:
             held.append(at)
             if fresh[pruned_by]:
                 deletes.extend(self._old(entity + _SEP + code, seconds - keep))
+
+    def _fits(self, key: bytes) -> bool:
+        """Whether the engine takes a key this long (LMDB: 511 bytes; a long id, type,
+        service path and attribute name keep no history there: docs/history.md)."""
+        limit = self._engine.max_key_size
+        return limit is None or len(key) <= limit
 
     def release(self, ticket: int) -> None:
         """The commit holding ``ticket``'s write ended (durable, or the store failed)."""

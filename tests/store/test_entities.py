@@ -18,14 +18,17 @@ from broker.store.entities import (
     new_write_id,
     partition_of,
 )
+from broker.store.history import HISTORY_SPACE, HistoryOptions
 from broker.store.semantics import Mode
 from broker.store.wire import (
     Intent,
+    applied_of,
     decode_results,
     decode_writes,
     encode_results,
     encode_writes,
     pack,
+    result_row,
     unpack,
 )
 
@@ -252,3 +255,31 @@ def test_write_outcomes_move_with_their_partition() -> None:
     other = Entities(MemoryEngine())  # what other partitions hold has none of it
     asyncio.run(other.store(list(primary.partition_items([(partition + 1) % PARTITIONS])), []))
     assert list(other.partition_items(range(PARTITIONS))) == []
+
+
+def test_on_lmdb_a_key_too_long_is_refused_alone_and_the_store_goes_on(tmp_path: Path) -> None:
+    """LMDB takes keys of 511 bytes: an entity whose id, type and service path make a longer
+    key is refused (400), not a storage failure (it stopped the store); an attribute whose
+    history key would be too long keeps no history; the other writes apply."""
+
+    async def run() -> None:
+        engine = open_engine("lmdb", tmp_path / "db", durable=False)
+        committer = GroupCommitter(engine)
+        entities = Entities(engine, committer, history=HistoryOptions(), record_changes=True)
+        long_one = Intent(Mode.UPSERT, "E" * 256, "T" * 250, "/", "", {"t": _attr(1)})
+        near = Intent(Mode.UPSERT, "F" * 240, "T" * 240, "/", "", {"a" * 200: _attr(1)})
+        results = await entities.apply([_write(Mode.CREATE, t=1), long_one, near])
+        error = results[1].error
+        assert type(error) is InvalidInput and "at most 502" in str(error)  # 400 BadRequest
+        assert type(applied_of(result_row(results[1], None, None)).error) is InvalidInput
+        assert results[0].error is None and results[2].error is None
+        found = {d.id for d in entities.documents("", ["E1", "F" * 240, "E" * 256])}
+        assert found == {"E1", "F" * 240}
+        recorded = [k for k, _v in engine.scan(HISTORY_SPACE)]
+        assert recorded and all(len(k) <= 511 for k in recorded)
+        (again,) = await entities.apply([_write(Mode.UPDATE, t=2)])  # it serves on
+        assert again.error is None
+        await committer.close()
+        engine.close()
+
+    asyncio.run(run())
