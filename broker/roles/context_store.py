@@ -176,6 +176,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         self._in_flight: dict[int, set[int]] = {}  # applies running: their partitions
         self._applying: dict[int, float] = {}  # applies running: their writes' time
         self._settled = asyncio.Event()
+        self._stopping = False  # stop() began: the committer closes under calls in flight
         self._numbers = iter(range(1, 1 << 62))
         self._aggregation: StoreAggregation | None = None
         self._alerts: StoreAlerts | None = None
@@ -245,6 +246,7 @@ class ContextStore(wire_grpc.ContextStoreServicer):
         )
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -799,7 +801,12 @@ class ContextStore(wire_grpc.ContextStoreServicer):
 
     def _fail(self, exc: BaseException) -> None:
         """The storage (or the coordination a write needs) failed: stop the process (its
-        supervisor restarts it from disk)."""
+        supervisor restarts it from disk). A call in flight while the store stops fails
+        on the closed committer: it is refused (nothing of it acknowledged), not a failure
+        (a store scaled in exited 1)."""
+        if self._stopping:
+            _log.info("context store %s: %s while stopping", self.store_id, exc)
+            return
         _log.error("context store %s: %s; stopping", self.store_id, exc, exc_info=exc)
         assert self._context is not None
         self._context.loop.call_later(0.1, os._exit, 1)
