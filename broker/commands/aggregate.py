@@ -17,12 +17,13 @@ broker.commands.definitions'.
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any
+import functools
+from typing import Any
 
 from broker.commands import definitions
 from broker.errors import InvalidInput
 
-__all__ = ["KIND", "configure", "definition_of", "run"]
+__all__ = ["KIND", "configure"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -84,31 +85,12 @@ KIND = definitions.Kind(
     noun="group",
     called="aggregation",
     document="definition",
-    helps={
-        "add": "define a group (a JSON file, or flags)",
-        "change": "change a group (from the next window on)",
-        "list": "the tenant's groups, one a line",
-        "show": "one group's definition, as JSON",
-        "delete": "remove a group (its derived entities stay)",
-    },
     changed="from its next window",
+    stays="its derived entities",
     options=_options,
     missing=_missing,
     build=_build,
     line=_line,
 )
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the subcommands of ``silbo aggregate``."""
-    definitions.configure(parser, KIND)
-
-
-def definition_of(args: argparse.Namespace, stdin: IO[str] | None = None) -> dict[str, Any]:
-    """The definition the arguments give: a JSON file, or the flags (InvalidInput)."""
-    return definitions.document_of(args, KIND, stdin)
-
-
-def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
-    """Carry out one action; the exit status."""
-    return definitions.run(args, KIND, out)
+configure = functools.partial(definitions.configure, kind=KIND)  # silbo's subcommand hook

@@ -15,11 +15,12 @@ statuses are broker.commands.definitions'.
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any
+import functools
+from typing import Any
 
 from broker.commands import definitions
 
-__all__ = ["KIND", "configure", "rule_of", "run"]
+__all__ = ["KIND", "configure"]
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -87,31 +88,12 @@ KIND = definitions.Kind(
     noun="rule",
     called="alert rule",
     document="rule",
-    helps={
-        "add": "define a rule (a JSON file, or flags)",
-        "change": "change a rule (from the next write on)",
-        "list": "the tenant's rules, one a line",
-        "show": "one rule, as JSON",
-        "delete": "remove a rule (its alert entities stay)",
-    },
     changed="from the next write",
+    stays="its alert entities",
     options=_options,
     missing=_missing,
     build=_build,
     line=_line,
 )
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Add the subcommands of ``silbo alert``."""
-    definitions.configure(parser, KIND)
-
-
-def rule_of(args: argparse.Namespace, stdin: IO[str] | None = None) -> dict[str, Any]:
-    """The rule the arguments give: a JSON file, or the flags (InvalidInput)."""
-    return definitions.document_of(args, KIND, stdin)
-
-
-def run(args: argparse.Namespace, out: IO[str] | None = None) -> int:
-    """Carry out one action; the exit status."""
-    return definitions.run(args, KIND, out)
+configure = functools.partial(definitions.configure, kind=KIND)  # silbo's subcommand hook

@@ -42,8 +42,8 @@ class Kind:
     noun: str  # "group": in the help texts
     called: str  # "aggregation": what the outcome lines call one
     document: str  # "definition": what its JSON is called
-    helps: dict[str, str]  # the actions' help texts
     changed: str  # "from its next window": when a change takes effect
+    stays: str  # "its derived entities": what a delete leaves
     options: Callable[[argparse.ArgumentParser], None]  # the kind's own flags
     missing: Callable[[argparse.Namespace], list[str]]  # the flags an add or change lacks
     build: Callable[[argparse.Namespace], Document]  # the document the flags give
@@ -53,15 +53,16 @@ class Kind:
 def configure(parser: argparse.ArgumentParser, kind: Kind) -> None:
     """Add the five actions of ``kind`` to its command's parser."""
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    add = actions.add_parser("add", help=kind.helps["add"])
+    noun = kind.noun
+    add = actions.add_parser("add", help=f"define a {noun} (a JSON file, or flags)")
     _definition_options(add, kind, with_id=True)
-    change = actions.add_parser("change", help=kind.helps["change"])
+    change = actions.add_parser("change", help=f"change a {noun} ({kind.changed} on)")
     change.add_argument("id", help=f"the {kind.noun}'s id")
     _definition_options(change, kind, with_id=False)
-    actions.add_parser("list", help=kind.helps["list"])
-    show = actions.add_parser("show", help=kind.helps["show"])
+    actions.add_parser("list", help=f"the tenant's {noun}s, one a line")
+    show = actions.add_parser("show", help=f"one {noun}, as JSON")
     show.add_argument("id", help=f"the {kind.noun}'s id")
-    delete = actions.add_parser("delete", help=kind.helps["delete"])
+    delete = actions.add_parser("delete", help=f"remove a {noun} ({kind.stays} stay)")
     delete.add_argument("id", help=f"the {kind.noun}'s id")
     for sub in (add, change, *(actions.choices[n] for n in ("list", "show", "delete"))):
         add_front_options(sub)
