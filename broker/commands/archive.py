@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -30,10 +29,11 @@ from kazoo.client import KazooClient
 from broker.archive import files
 from broker.archive.location import open_root
 from broker.archive.state import ArchiveState, read_state
+from broker.commands import told
 from broker.commands.admin import cluster_address
 from broker.coordination.client import connect
 from broker.coordination.membership import members
-from broker.errors import InvalidInput, MissingExtra, SilboError
+from broker.errors import InvalidInput, SilboError
 from broker.extras import require
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.options import Role
@@ -73,21 +73,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run_status(args: argparse.Namespace) -> int:
     """Print the archive's status (module doc)."""
-    try:
+
+    def work() -> int:
         require("archive", "silbo archive status")
         hosts, cluster = cluster_address(args)
         status = archive_status(hosts, cluster, args.archive)
-    except (InvalidInput, MissingExtra) as exc:
-        print(f"{_PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except SilboError as exc:
-        print(f"{_PROG}: failed: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(status, sort_keys=True))
-    else:
-        print(_shown(status))
-    return 0
+        print(json.dumps(status, sort_keys=True) if args.json else _shown(status))
+        return 0
+
+    return told(_PROG, work)
 
 
 def archive_status(hosts: str, cluster: str, where: str | None = None) -> dict[str, Any]:

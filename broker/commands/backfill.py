@@ -23,7 +23,6 @@ range, a definition that is not valid, nothing asked) is one line on stderr and 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -31,11 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker.commands import standalone
 from broker.commands.admin import cluster_address
-from broker.commands.spark_job import Progress, from_spark, spark_cause
+from broker.commands.spark_job import Progress, read_json_file, run_job
 from broker.coordination.aggregations import kept_aggregations
 from broker.coordination.client import connect
-from broker.errors import InvalidInput, MissingExtra, SilboError
+from broker.errors import InvalidInput, SilboError
 from broker.extras import require
 from broker.model.identifiers import check_scope, check_tenant
 from broker.query.dates import parse_iso8601
@@ -119,14 +119,7 @@ def read_versions(path: Path, tenant: str | None = None) -> list[Version]:
     from spark_matcher.entities import InputError
 
     source = str(path)
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(source, 0, "", exc.strerror or str(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(source, 0, "", f"not UTF-8 text ({exc.reason})") from None
-    except ValueError as exc:
-        raise InputError(source, getattr(exc, "lineno", 0), "", f"not JSON: {exc}") from None
+    body = read_json_file(path)
     items = body if isinstance(body, list) else [body]
     if not items:
         raise InputError(source, 0, "", "no aggregation is defined")
@@ -180,23 +173,12 @@ def cluster_versions(args: argparse.Namespace, progress: Progress | None = None)
 
 def run(args: argparse.Namespace) -> int:
     """Backfill; print a summary line. Exit 0, 2 for bad input, 1 for failures."""
-    try:
-        return _backfill(args, Progress(sys.stderr))
-    except (InvalidInput, MissingExtra) as exc:
-        print(f"{_PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except SilboError as exc:
-        print(f"{_PROG}: failed: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # Spark's errors are Py4J and PySpark exceptions of all kinds
-        if not from_spark(exc):
-            raise
-        cause = spark_cause(exc)
-        if "PATH_NOT_FOUND" in cause or "Path does not exist" in cause:
-            print(f"{_PROG}: error: --archive {args.archive}: {cause}", file=sys.stderr)
-            return 2
-        print(f"{_PROG}: Spark failed: {cause}", file=sys.stderr)
-        return 1
+
+    def missing(cause: str) -> str | None:
+        gone = "PATH_NOT_FOUND" in cause or "Path does not exist" in cause
+        return f"--archive {args.archive}" if gone else None
+
+    return run_job(_PROG, lambda progress: _backfill(args, progress), missing)
 
 
 def _moment(text: str | None, option: str) -> float | None:
@@ -352,14 +334,7 @@ def _write(frame: Any, where: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``silbo backfill`` on its own: parse ``argv`` (default ``sys.argv[1:]``) and run it."""
-    parser = argparse.ArgumentParser(prog=_PROG, description=HELP)
-    configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return standalone(_PROG, HELP, configure, run, argv)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Client
+from broker.commands import standalone
 from broker.errors import InvalidInput, SilboError, Unavailable
 from broker.model.attribute import DATE_TYPES, Attribute
 from broker.model.identifiers import DEFAULT_SERVICE_PATH
@@ -262,16 +263,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``silbo publish`` on its own: parse ``argv`` (default ``sys.argv[1:]``) and run it."""
-    parser = argparse.ArgumentParser(
-        prog=_PROG, description="Publish one context update to a running Silbo cluster."
-    )
-    configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    description = "Publish one context update to a running Silbo cluster."
+    return standalone(_PROG, description, configure, run, argv)
 
 
 if __name__ == "__main__":

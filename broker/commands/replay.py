@@ -45,14 +45,15 @@ from typing import Any
 import grpc
 
 from broker.archive.files import MARKER
+from broker.commands import standalone
 from broker.commands.admin import cluster_address
 from broker.commands.publish import positive_int
-from broker.commands.spark_job import Progress, from_spark, spark_cause
+from broker.commands.spark_job import Progress, read_json_file, run_job
 from broker.coordination.client import connect
 from broker.coordination.configuration import ClusterConfiguration, Configuration
 from broker.coordination.http_subscriptions import kept_definitions
 from broker.coordination.membership import members
-from broker.errors import InvalidInput, MissingExtra, QuerySyntaxError, SilboError
+from broker.errors import InvalidInput, QuerySyntaxError, SilboError
 from broker.extras import require
 from broker.model.attribute import parse_iso8601
 from broker.model.identifiers import DEFAULT_SCOPE, check_scope, check_tenant
@@ -155,15 +156,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def read_subscriptions(path: Path) -> list[FrontSubscription]:
     """The subscriptions of a JSON array of NGSI v2 subscriptions (InputError otherwise)."""
     source = str(path)
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(source, 0, "", exc.strerror or str(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(source, 0, "", f"not UTF-8 text ({exc.reason})") from None
-    except ValueError as exc:
-        line = getattr(exc, "lineno", 0)
-        raise InputError(source, line, "", f"not JSON: {exc}") from None
+    body = read_json_file(path)
     if not isinstance(body, list):
         raise InputError(source, 0, "", "subscriptions must be a JSON array")
     found: list[FrontSubscription] = []
@@ -283,19 +276,7 @@ def _matcher_subscriptions(name: str, address: str, epoch: int) -> list[Subscrip
 
 def run(args: argparse.Namespace) -> int:
     """Replay the updates; print a summary line. Exit 0, 2 for bad input, 1 for failures."""
-    try:
-        return _replay(args, Progress(sys.stderr))
-    except (InvalidInput, MissingExtra) as exc:
-        print(f"{_PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except SilboError as exc:
-        print(f"{_PROG}: failed: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # Spark's errors are Py4J and PySpark exceptions of all kinds
-        if not from_spark(exc):
-            raise
-        print(f"{_PROG}: Spark failed: {spark_cause(exc)}", file=sys.stderr)
-        return 1
+    return run_job(_PROG, lambda progress: _replay(args, progress))
 
 
 def _check_paths(args: argparse.Namespace) -> None:
@@ -463,14 +444,7 @@ def _write(frame: Any, out: Path) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``silbo replay`` on its own: parse ``argv`` (default ``sys.argv[1:]``) and run it."""
-    parser = argparse.ArgumentParser(prog=_PROG, description=HELP)
-    configure(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return standalone(_PROG, HELP, configure, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,28 @@
 """What the Spark commands (``silbo replay``, ``silbo backfill``) share: their progress on
-stderr, and Spark's errors told in one line.
+stderr, Spark's errors told in one line, their exit statuses, and their JSON input files.
 
 :class:`Progress` writes a line per step and, while Spark works, the progress of its active
 stages (rewritten in place on a terminal, a line every few seconds otherwise).
 :func:`from_spark` tells Spark's exceptions (Py4J and PySpark ones of all kinds) from the
-others, :func:`spark_cause` gives an error's root cause in one line.
+others, :func:`spark_cause` gives an error's root cause in one line. :func:`run_job` runs a
+command and gives its exit status (0; 2 for bad input; 1 for failures, Spark's included),
+:func:`read_json_file` reads an input file (InputError naming it).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["Progress", "from_spark", "spark_cause"]
+from broker.commands import told
+
+__all__ = ["Progress", "from_spark", "read_json_file", "run_job", "spark_cause"]
 
 _POLL = 0.5  # seconds between looks at Spark's progress
 
@@ -97,3 +104,44 @@ def spark_cause(exc: BaseException) -> str:
     if "Traceback" in str(exc):  # an error of a Python worker: its last line says what
         return lines[-1]
     return lines[0]
+
+
+def run_job(
+    prog: str, job: Callable[[Progress], int], missing: Callable[[str], str | None] | None = None
+) -> int:
+    """Run a Spark command's ``job`` with its progress on stderr; the exit status
+    (broker.commands.told), Spark's errors too: one line, and 2 if ``missing`` names the
+    option at fault (e.g. a path Spark does not find), else 1. Any other exception is a bug
+    and propagates."""
+
+    def work() -> int:
+        try:
+            return job(Progress(sys.stderr))
+        except Exception as exc:  # Spark's errors are Py4J and PySpark exceptions of all kinds
+            if not from_spark(exc):
+                raise
+            cause = spark_cause(exc)
+            option = missing(cause) if missing is not None else None
+            if option is not None:
+                print(f"{prog}: error: {option}: {cause}", file=sys.stderr)
+                return 2
+            print(f"{prog}: Spark failed: {cause}", file=sys.stderr)
+            return 1
+
+    return told(prog, work)
+
+
+def read_json_file(path: Path) -> Any:
+    """The JSON value in ``path``; spark_matcher's InputError naming the file (and the line
+    of a JSON error) if it cannot be read, is not UTF-8 or is not JSON."""
+    from spark_matcher.entities import InputError
+
+    source = str(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(source, 0, "", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(source, 0, "", f"not UTF-8 text ({exc.reason})") from None
+    except ValueError as exc:
+        raise InputError(source, getattr(exc, "lineno", 0), "", f"not JSON: {exc}") from None
