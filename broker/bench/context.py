@@ -66,6 +66,7 @@ import grpc
 import numpy as np
 import psutil
 
+from broker.bench import work_directory
 from broker.bench.context_load import (
     CALL_TIMEOUT,
     FrontJob,
@@ -841,7 +842,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
     add("--quick", action="store_true", help="a smoke run: small sizes, short phases")
     add(
-        "--dir", type=Path, default=Path(tempfile.gettempdir()),
+        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
         help="where the clusters' state directories are made (default: the temporary directory)",
     )  # fmt: skip
     add("--profile", type=Path, metavar="DIR", help="cProfile the cluster's processes into DIR")

@@ -69,6 +69,7 @@ from typing import Any, Final
 
 import psutil
 
+from broker.bench import work_directory
 from broker.bench.derived_load import TICK, Publishers, Subscriber, Workload
 from broker.bench.derived_oracle import check, complete, judge, latencies, search, span
 from broker.bench.derived_report import merged, plot, print_summary, summary
@@ -165,7 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--quick", action="store_true", help="a smoke run: 1 store, 40 sensors, one low rate")
     add("--profile", type=Path, metavar="DIR", help="cProfile the cluster's processes into DIR")
     add(
-        "--dir", type=Path, default=Path(tempfile.gettempdir()),
+        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
         help="where the clusters' state directories are made (default: the temporary directory)",
     )  # fmt: skip
     add(

@@ -54,6 +54,7 @@ import msgpack
 import numpy as np
 import psutil
 
+from broker.bench import work_directory
 from broker.bench.match import machine_info, positive
 from broker.bench.workloads.iot import DISTRICTS, IOT_TENANT, IOT_TYPE, POLLUTANTS, madrid_stations
 from broker.extras import require
@@ -611,7 +612,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="a smoke run: small defaults, seconds in all"
     )
     parser.add_argument(
-        "--dir", type=Path, default=Path(tempfile.gettempdir()),
+        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
         help="where the stores are made (default: the temporary directory)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print one JSON object")

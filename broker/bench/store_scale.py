@@ -58,6 +58,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from broker.bench import work_directory
 from broker.bench.context_load import load_entities, store_addresses
 from broker.bench.match import machine_info, positive
 from broker.bench.scale import source_commit
@@ -123,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--timeout", type=seconds_argument, default=60.0, help="seconds before a roll-back")
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
     add(
-        "--dir", type=Path, default=Path(tempfile.gettempdir()),
+        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
         help="where the clusters' state directories are made (default: the temporary directory)",
     )  # fmt: skip
     add("--json", action="store_true", help="print one JSON object")
