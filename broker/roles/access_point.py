@@ -57,6 +57,7 @@ __all__ = ["AccessPoint"]
 _log = logging.getLogger(__name__)
 
 READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
+_READY_POLL = 0.02  # seconds between looks while not ready
 UPDATE_WAIT = 5.0  # ... before an update batch is refused (its publisher publishes again)
 RETAIN_LIMIT = 120.0  # seconds a batch is kept for sending again, at most
 SWEEP_EVERY = 5.0  # seconds between looks for batches kept too long
@@ -493,11 +494,14 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                     [n for n in current.matchers if not self._linked(n)],
                     sorted(self._matchers.by_name) if self._matchers else [],
                 )
-            waited = await self._config.wait_until(ready, wait)
-            if not waited:
-                waited = await self._matchers.wait_until(ready, 0.1) if self._matchers else False
-            if not waited:
-                raise _NotReady("no configuration, matcher or exit point ready")
+            # readiness changes with the configuration, the matchers' links and the exit
+            # points' registrations (an exit point restarted after a repair left none): each
+            # is looked at, not only the configuration's changes (that waited out READY_WAIT)
+            deadline = time.monotonic() + wait
+            while not ready():
+                if time.monotonic() >= deadline:
+                    raise _NotReady("no configuration, matcher or exit point ready")
+                await asyncio.sleep(_READY_POLL)
         current = self._config.current
         assert current is not None
         return current

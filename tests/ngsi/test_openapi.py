@@ -176,7 +176,7 @@ def test_every_answer_is_documented(
     base_url = f"http://{front.host}:{front.port}"
 
     @settings(
-        max_examples=examples(60),
+        max_examples=examples(40),
         deadline=None,
         derandomize=True,
         database=None,
