@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -59,7 +60,7 @@ from broker.store.wire import pack, unpack
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
 
-__all__ = ["REPORT_TIMEOUT", "TICK", "StoreAggregation", "versions_of"]
+__all__ = ["REPORT_TIMEOUT", "TICK", "StoreAggregation", "storable", "versions_of"]
 
 TICK: Final = 0.1  # seconds between rounds of closing, reporting and writing
 REPORT_TIMEOUT: Final = 2.0  # seconds another store may take to take a report
@@ -109,6 +110,7 @@ class StoreAggregation:
         self._view = view
         self._serving = serving
         self.aggregator = Aggregator(store_id, int.from_bytes(os.urandom(6), "big") or 1)
+        self._oversize_logged = -math.inf  # when records too long for the engine were logged
         self._watch: DefinitionsWatch | None = None
         self._task: asyncio.Task[None] | None = None
         self._channels: dict[str, aio.Channel] = {}  # address -> channel
@@ -150,18 +152,16 @@ class StoreAggregation:
 
     def _storable(self, puts: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """The pane records the engine takes: one whose key is too long (LMDB: 511 bytes; a
-        long group id, service path and group key) is kept in memory only, and logged,
-        rather than failing every round's write (docs/aggregation.md)."""
-        limit = self._engine.max_key_size
-        if limit is None:
-            return puts
-        kept = [(k, v) for k, v in puts if len(k) <= limit]
-        if len(kept) < len(puts):
+        long group id, service path and group key) is kept in memory only, and logged (once
+        a minute at most), rather than failing every round's write (docs/context-store.md)."""
+        kept, dropped = storable(puts, self._engine.max_key_size)
+        if dropped and time.monotonic() >= self._oversize_logged + 60.0:
+            self._oversize_logged = time.monotonic()
             _log.warning(
-                "%d aggregation records have keys over %d bytes: kept in memory only (lost "
+                "%d aggregation records have keys over %s bytes: kept in memory only (lost "
                 "on a restart of store %s)",
-                len(puts) - len(kept),
-                limit,
+                dropped,
+                self._engine.max_key_size,
                 self.aggregator.store_id,
             )
         return kept
@@ -294,3 +294,14 @@ class StoreAggregation:
             for w in writes
         ]
         await self._writer.write(entities)
+
+
+def storable(
+    puts: list[tuple[bytes, bytes]], limit: int | None
+) -> tuple[list[tuple[bytes, bytes]], int]:
+    """The records an engine taking keys of at most ``limit`` bytes (None: any) can store,
+    and how many it cannot."""
+    if limit is None:
+        return puts, 0
+    kept = [(k, v) for k, v in puts if len(k) <= limit]
+    return kept, len(puts) - len(kept)

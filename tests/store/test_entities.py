@@ -9,6 +9,7 @@ import pytest
 
 from broker.errors import AlreadyExists, AmbiguousEntity, InvalidInput, NotFound, SerializationError
 from broker.model.change import Alteration
+from broker.roles.store_aggregation import storable
 from broker.store.engine import GroupCommitter, open_engine
 from broker.store.entities import (
     PARTITIONS,
@@ -283,3 +284,14 @@ def test_on_lmdb_a_key_too_long_is_refused_alone_and_the_store_goes_on(tmp_path:
         engine.close()
 
     asyncio.run(run())
+
+
+def test_aggregation_records_too_long_for_lmdb_are_left_out_of_the_write(tmp_path: Path) -> None:
+    engine = open_engine("lmdb", tmp_path / "db", durable=False)
+    short, long_key = (b"g" + b"k" * 100, b"1"), (b"g" + b"k" * 600, b"2")
+    kept, dropped = storable([short, long_key], engine.max_key_size)
+    assert kept == [short] and dropped == 1
+    engine.commit(kept, [])  # what is kept, the engine takes
+    assert engine.get(short[0]) == b"1"
+    assert storable([short, long_key], None) == ([short, long_key], 0)  # RocksDB: no limit
+    engine.close()
