@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,18 @@ def up(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[_Up]:
         cluster.stop()
 
 
+def _once_in_order(extra: Counter[Any], lost: Counter[Any], records: Sequence[Any]) -> None:
+    """Nothing delivered that was not expected or twice, nothing lost, and each
+    subscription's notifications in publishing order."""
+    assert not extra, f"duplicated or unmatched: {list(extra)[:5]}"
+    assert not lost, f"{lost.total()} lost, e.g. {list(lost)[:5]}"
+    per_subscription: dict[str, list[int]] = {}
+    for r in records:
+        per_subscription.setdefault(r.subscription_id, []).append(r.sequence)
+    for subscription_id, sequences in per_subscription.items():
+        assert sequences == sorted(sequences), f"{subscription_id} out of order"
+
+
 def _subscriptions() -> list[Subscription]:
     return [
         Subscription(id=f"s{i}", entities=(EntitySelector(id=f"Room{i % ROOMS}"),))
@@ -251,13 +263,7 @@ def test_a_process_killed_or_hung_under_load_is_repaired_and_delivery_goes_on(
             f"{sum(lost.values())} lost, {sum(extra.values())} extra, "
             f"{publisher.refusals} refusals; epochs {before.epoch} -> {up.configuration().epoch}"
         )
-        assert not extra, f"duplicated or unmatched: {list(extra)[:5]}"
-        assert not lost, f"{sum(lost.values())} lost, e.g. {list(lost)[:5]}"
-        per_subscription: dict[str, list[int]] = {}
-        for r in recorder.received():
-            per_subscription.setdefault(r.subscription_id, []).append(r.sequence)
-        for subscription_id, sequences in per_subscription.items():
-            assert sequences == sorted(sequences), f"{subscription_id} out of order"
+        _once_in_order(extra, lost, recorder.received())
         # the last second before the end marker was delivered whole: service is back
         tail = [
             key
@@ -311,13 +317,7 @@ def test_the_only_exit_point_killed_holds_publishes_seconds_and_loses_nothing(up
         print(f"\nonly exit point killed: publishes held {held:.2f} s at most, {expected.total()}"
               f" expected, {lost.total()} lost, {extra.total()} extra")  # fmt: skip
         assert held < 10.0, f"publishes held {held:.1f} s after the exit point died"
-        assert not extra, f"duplicated or unmatched: {list(extra)[:5]}"
-        assert not lost, f"{lost.total()} lost, e.g. {list(lost)[:5]}"
-        per_subscription: dict[str, list[int]] = {}
-        for r in recorder.received():
-            per_subscription.setdefault(r.subscription_id, []).append(r.sequence)
-        for subscription_id, sequences in per_subscription.items():
-            assert sequences == sorted(sequences), f"{subscription_id} out of order"
+        _once_in_order(extra, lost, recorder.received())
     finally:
         publisher._stopping.set()
         recorder.close()
@@ -363,13 +363,7 @@ def test_a_connection_point_killed_under_load_loses_and_repeats_nothing(up: _Up)
             f"\nconnection point killed: {expected.total()} expected, "
             f"{lost.total()} lost, {extra.total()} extra, {publisher.refusals} refusals"
         )
-        assert not extra, f"duplicated or unmatched: {list(extra)[:5]}"
-        assert not lost, f"{lost.total()} lost, e.g. {list(lost)[:5]}"
-        per_subscription: dict[str, list[int]] = {}
-        for r in records:
-            per_subscription.setdefault(r.subscription_id, []).append(r.sequence)
-        for subscription_id, sequences in per_subscription.items():
-            assert sequences == sorted(sequences), f"{subscription_id} out of order"
+        _once_in_order(extra, lost, records)
         log = next(
             Path(p["log"]).read_text()
             for p in up.description()["processes"]
