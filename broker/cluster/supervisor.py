@@ -72,6 +72,7 @@ _log = logging.getLogger(__name__)
 CHECK_INTERVAL = 0.2  # seconds between two looks at the processes
 FIRST_BACKOFF = 0.5  # seconds before the first restart of a slot
 MAX_BACKOFF = 30.0
+_IDLE = 3600.0  # seconds the ZooKeeper watchdog sleeps once closed (it lives on, idle)
 STABLE = 10.0  # a process that ran this long resets its slot's backoff (no crash loop)
 SCALE_TIMEOUT = 60.0
 _LAYER_OF = {
@@ -153,7 +154,15 @@ class Supervisor:
     # -- the embedded ZooKeeper -----------------------------------------------------------
 
     def _watch_zookeeper(self) -> None:
-        while not self._closed.wait(CHECK_INTERVAL):
+        # The thread outlives close(): a ZooKeeper it started again is its child, which
+        # Linux's parent-death signal (die_with_parent) kills when the *thread* that forked
+        # it ends; it must serve until the cluster's stop has stopped every process (they
+        # waited for it out their grace, 10 s, when it died at close()).
+        while True:
+            self._closed.wait(CHECK_INTERVAL)
+            if self._closed.is_set():
+                time.sleep(_IDLE)
+                continue
             try:
                 self._keep_zookeeper()
             except Exception:  # a watchdog must outlive what it watches

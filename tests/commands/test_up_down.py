@@ -217,6 +217,40 @@ def test_a_foreground_up_stops_everything_and_exits_0(
     assert f"silbo up: {expected}: stopping the cluster" in (tmp_path / "up.err").read_text()
 
 
+def test_a_foreground_up_whose_zookeeper_was_restarted_stops_at_once(
+    place: Place, tmp_path: Path
+) -> None:
+    """The supervisor's watchdog starts the embedded ZooKeeper again after a kill -9; on
+    SIGTERM that ZooKeeper serves until every process stopped. (Before: it died with the
+    watchdog thread that forked it, at the supervisor's close, and the processes waited for
+    it out their 10 s grace.)"""
+    process = start_foreground(place, tmp_path)
+    try:
+        description = wait_running(place, process)
+        zookeeper = int(description["zookeeper"]["pid"])
+        os.kill(zookeeper, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "serves again" not in (tmp_path / "up.err").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "up.err").read_text()[-2000:]
+            time.sleep(0.1)
+        description = place.description()
+        assert description is not None
+        pids = [*cluster_pids(description), process.pid]
+        assert zookeeper not in pids
+        time.sleep(1.0)  # the processes reconnected
+        process.send_signal(signal.SIGTERM)
+        stopping = time.monotonic()
+        status = process.wait(timeout=60)
+        took = time.monotonic() - stopping
+        assert status == 0, (tmp_path / "up.err").read_text()[-3000:]
+        assert took < 6.0, f"the stop took {took:.1f} s"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert_nothing_left(place, pids, within=0.0)
+
+
 def test_a_signal_while_starting_stops_what_was_started(place: Place, tmp_path: Path) -> None:
     process = start_foreground(place, tmp_path, "--detach")
     try:
