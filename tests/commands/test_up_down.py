@@ -233,9 +233,9 @@ def test_a_foreground_up_whose_zookeeper_was_restarted_stops_at_once(
         while "serves again" not in (tmp_path / "up.err").read_text():
             assert time.monotonic() < deadline, (tmp_path / "up.err").read_text()[-2000:]
             time.sleep(0.1)
-        description = place.description()
-        assert description is not None
-        pids = [*cluster_pids(description), process.pid]
+        restarted = place.description()
+        assert restarted is not None
+        pids = [*cluster_pids(restarted), process.pid]
         assert zookeeper not in pids
         time.sleep(1.0)  # the processes reconnected
         process.send_signal(signal.SIGTERM)
