@@ -48,11 +48,8 @@ import http.client
 import json
 import multiprocessing
 import os
-import shutil
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -66,7 +63,7 @@ import grpc
 import numpy as np
 import psutil
 
-from broker.bench import work_directory
+from broker.bench.clusters import add_dir_option, bench_cluster, wait_serving
 from broker.bench.context_load import (
     CALL_TIMEOUT,
     FrontJob,
@@ -86,6 +83,7 @@ from broker.bench.storage import (
 )
 from broker.bench.workloads.iot import IOT_TYPE
 from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.embedded import free_port
 from broker.extras import require
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.options import Role
@@ -216,22 +214,23 @@ class _Running:
 @contextmanager
 def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
     """A local cluster of ``stores`` context stores and one HTTP front, removed afterwards."""
-    state = Path(tempfile.mkdtemp(prefix=f"silbo-bench-context-{stores}-", dir=args.dir))
-    spec = ClusterSpec(
-        matchers=1,
-        context_stores=stores,
-        grpc_port=0,
-        http_port=_free_port(),
-        state_dir=state,
-        log_level="WARNING",
-        store_history=args.history == "on",
-        archive=str(state / "archive") if args.archive == "on" else "",
-        archive_interval=2.0,  # batches while the windows run: the pulls and trims cost too
-    )
+
+    def spec_of(state: Path) -> ClusterSpec:
+        return ClusterSpec(
+            matchers=1,
+            context_stores=stores,
+            grpc_port=0,
+            http_port=free_port(),
+            state_dir=state,
+            log_level="WARNING",
+            store_history=args.history == "on",
+            archive=str(state / "archive") if args.archive == "on" else "",
+            archive_interval=2.0,  # batches while the windows run: the pulls and trims cost too
+        )
+
     _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
-    cluster = LocalCluster(spec)
-    try:
-        described = cluster.start()
+    with bench_cluster(args, f"silbo-bench-context-{stores}-", spec_of, _say) as started:
+        cluster, described = started
         layout, addresses = store_addresses(cluster.zk_address, cluster.spec.cluster)
         internal = {
             p["internal"]: int(p["pid"])
@@ -240,28 +239,8 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
         }
         pids = {store: internal[address] for store, address in addresses.items()}
         base = f"http://{described['http_endpoints'][0]}"
-        _wait_serving(base)
-        yield _Running(cluster, layout, addresses, pids, base, state)
-    except BaseException:
-        cluster.stop()
-        _say(args, f"failed: the cluster's logs are kept in {state / 'logs'}")
-        raise
-    cluster.stop()
-    shutil.rmtree(state, ignore_errors=True)
-
-
-def _wait_serving(base: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            status, _headers, _body = _http(base, "/version", {})
-            if status == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{base} did not serve within {timeout:g} s")
-        time.sleep(0.1)
+        wait_serving(base)
+        yield _Running(cluster, layout, addresses, pids, base, cluster.state_dir)
 
 
 # -- 1. durable writes per store -----------------------------------------------------------------
@@ -635,13 +614,6 @@ def _latency_text(figures: dict[str, float]) -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _say(args: argparse.Namespace, message: str) -> None:
     if not args.quiet:
         print(f"[bench context] {message}", file=sys.stderr, flush=True)
@@ -841,10 +813,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
     add("--quick", action="store_true", help="a smoke run: small sizes, short phases")
-    add(
-        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
-        help="where the clusters' state directories are made (default: the temporary directory)",
-    )  # fmt: skip
+    add_dir_option(add)
     add("--profile", type=Path, metavar="DIR", help="cProfile the cluster's processes into DIR")
     add("--json", action="store_true", help="print one JSON object")
     add("--plot", type=Path, metavar="FILE.png", help="write the figures as a PNG")

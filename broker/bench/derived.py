@@ -56,9 +56,7 @@ import http.client
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,7 +67,7 @@ from typing import Any, Final
 
 import psutil
 
-from broker.bench import work_directory
+from broker.bench.clusters import add_dir_option, bench_cluster, wait_serving
 from broker.bench.derived_load import TICK, Publishers, Subscriber, Workload
 from broker.bench.derived_oracle import check, complete, judge, latencies, search, span
 from broker.bench.derived_report import merged, plot, print_summary, summary
@@ -165,10 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add("--quick", action="store_true", help="a smoke run: 1 store, 40 sensors, one low rate")
     add("--profile", type=Path, metavar="DIR", help="cProfile the cluster's processes into DIR")
-    add(
-        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
-        help="where the clusters' state directories are made (default: the temporary directory)",
-    )  # fmt: skip
+    add_dir_option(add)
     add(
         "--merge", type=Path, nargs="+", metavar="JSON",
         help="run nothing: report (and --plot) these earlier --json outputs together",
@@ -248,21 +243,24 @@ def _run_cluster(
 @contextmanager
 def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
     """A local cluster of ``stores`` context stores serving gRPC and HTTP, removed after."""
-    state = Path(tempfile.mkdtemp(prefix=f"silbo-bench-derived-{stores}-", dir=args.dir))
-    spec = ClusterSpec(
-        matchers=1,
-        context_stores=stores,
-        grpc_port=0,
-        http_port=free_port(),
-        state_dir=state,
-        log_level="WARNING",
-        store_history=args.history == "on",
-        max_rates=((Role.CONTEXT_STORE.value, float(args.store_cap)),) if args.store_cap else (),
-    )
+
+    def spec_of(state: Path) -> ClusterSpec:
+        return ClusterSpec(
+            matchers=1,
+            context_stores=stores,
+            grpc_port=0,
+            http_port=free_port(),
+            state_dir=state,
+            log_level="WARNING",
+            store_history=args.history == "on",
+            max_rates=((Role.CONTEXT_STORE.value, float(args.store_cap)),)
+            if args.store_cap
+            else (),
+        )
+
     _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
-    cluster = LocalCluster(spec)
-    try:
-        described = cluster.start()
+    with bench_cluster(args, f"silbo-bench-derived-{stores}-", spec_of, _say) as started:
+        cluster, described = started
         running = _Running(
             cluster,
             list(described["endpoints"]),
@@ -270,14 +268,8 @@ def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
             {int(p["pid"]): str(p["role"]) for p in described["processes"]},
             described.get("zookeeper", {}).get("pid"),
         )
-        _wait_serving(running.base)
+        wait_serving(running.base)
         yield running
-    except BaseException:
-        cluster.stop()
-        _say(args, f"failed: the cluster's logs are kept in {state / 'logs'}")
-        raise
-    cluster.stop()
-    shutil.rmtree(state, ignore_errors=True)
 
 
 def _run_case(
@@ -479,18 +471,6 @@ def _call(
     if answer.status != expect:
         raise RuntimeError(f"{method} {path}: {answer.status} {text[:300]!r}")
     return json.loads(text) if text else None
-
-
-def _wait_serving(base: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _call(base, "GET", "/version", "")
-            return
-        except (OSError, RuntimeError):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{base} did not serve within {timeout:g} s") from None
-        time.sleep(0.1)
 
 
 # -- the report --------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ import msgpack
 import numpy as np
 import psutil
 
-from broker.bench import work_directory
+from broker.bench.clusters import add_dir_option
 from broker.bench.match import machine_info, positive
 from broker.bench.workloads.iot import DISTRICTS, IOT_TENANT, IOT_TYPE, POLLUTANTS, madrid_stations
 from broker.extras import require
@@ -611,10 +611,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: small defaults, seconds in all"
     )
-    parser.add_argument(
-        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
-        help="where the stores are made (default: the temporary directory)",
-    )  # fmt: skip
+    add_dir_option(parser.add_argument, "the stores")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write the medians as a PNG")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")

@@ -45,9 +45,7 @@ import itertools
 import json
 import multiprocessing
 import queue
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -58,7 +56,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from broker.bench import work_directory
+from broker.bench.clusters import add_dir_option, bench_cluster
 from broker.bench.context_load import load_entities, store_addresses
 from broker.bench.match import machine_info, positive
 from broker.bench.scale import source_commit
@@ -123,10 +121,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add("--timeout", type=seconds_argument, default=60.0, help="seconds before a roll-back")
     add("--seed", type=positive, default=1, help="generator seed (default 1)")
-    add(
-        "--dir", type=work_directory, default=Path(tempfile.gettempdir()),
-        help="where the clusters' state directories are made (default: the temporary directory)",
-    )  # fmt: skip
+    add_dir_option(add)
     add("--json", action="store_true", help="print one JSON object")
     add("--plot", type=Path, metavar="FILE.png", help="write the time lines as a PNG")
     add("--quiet", "-q", action="store_true", help="no progress on stderr")
@@ -191,27 +186,21 @@ def _run_series(args: argparse.Namespace, size: int) -> Series:
 @contextmanager
 def _cluster(args: argparse.Namespace, size: int) -> Iterator[LocalCluster]:
     """A local cluster of ``steps[0]`` stores and one HTTP front, removed afterwards."""
-    state = Path(tempfile.mkdtemp(prefix=f"silbo-bench-store-scale-{size}-", dir=args.dir))
-    spec = ClusterSpec(
-        matchers=args.replicas,
-        context_stores=args.steps[0],
-        replicas=args.replicas,
-        grpc_port=0,
-        http_port=free_port(),
-        state_dir=state,
-        log_level="INFO",  # the stores' copy lines, the coordinator's steps
-    )
+
+    def spec_of(state: Path) -> ClusterSpec:
+        return ClusterSpec(
+            matchers=args.replicas,
+            context_stores=args.steps[0],
+            replicas=args.replicas,
+            grpc_port=0,
+            http_port=free_port(),
+            state_dir=state,
+            log_level="INFO",  # the stores' copy lines, the coordinator's steps
+        )
+
     _say(args, f"{size:,} entities: starting a cluster of {args.steps[0]} context store(s)")
-    cluster = LocalCluster(spec)
-    try:
-        cluster.start()
-        yield cluster
-    except BaseException:
-        cluster.stop()
-        _say(args, f"failed: the cluster's logs are kept in {state / 'logs'}")
-        raise
-    cluster.stop()
-    shutil.rmtree(state, ignore_errors=True)
+    with bench_cluster(args, f"silbo-bench-store-scale-{size}-", spec_of, _say) as started:
+        yield started[0]
 
 
 def _load(args: argparse.Namespace, cluster: LocalCluster, size: int) -> None:

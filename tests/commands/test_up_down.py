@@ -237,7 +237,6 @@ def test_a_foreground_up_whose_zookeeper_was_restarted_stops_at_once(
         assert restarted is not None
         pids = [*cluster_pids(restarted), process.pid]
         assert zookeeper not in pids
-        time.sleep(1.0)  # the processes reconnected
         process.send_signal(signal.SIGTERM)
         stopping = time.monotonic()
         status = process.wait(timeout=60)
