@@ -78,7 +78,7 @@ from broker.coordination.scale import read_plan, reports
 from broker.coordination.scale import report as scale_report
 from broker.errors import SilboError
 from broker.runtime.handles import connection_points_of
-from broker.runtime.link import CHANNEL_OPTIONS, Link, LinkState, follow_members
+from broker.runtime.link import CHANNEL_OPTIONS, Link, follow_members
 from broker.runtime.peers import ConfigurationView, Peers, ScaleView
 from broker.runtime.process import ProcessContext
 from broker.runtime.retained import Retained
@@ -95,10 +95,7 @@ DRAIN_FALLBACK = 1.0  # seconds between looks at the drained reports when no wat
 LINE_GRACE = 2.0  # seconds after a dead access point's repair before its line is closed
 STRAGGLER_GRACE = 1.0  # seconds a batch waits for a matcher its replicas can stand in for
 ORIGIN_WAIT = 10.0  # seconds to wait for a link to a connection point to report completions
-FLUSH_WAIT = 5.0  # seconds one Flushed call waits for the connection point's confirmation
-# seconds a live connection point (its link open) is waited for in all: a capped, backlogged
-# exit point's marker comes behind seconds of deliveries (not waiting broke the order on CI)
-FLUSH_PATIENCE = 60.0
+FLUSH_WAIT = 5.0  # seconds a connection point may take to confirm a drained exit point's flush
 
 
 @dataclass(eq=False)
@@ -480,8 +477,7 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         of a moved publisher delivers on its own stream, which could reach a connection
         point first (its notifications before the old exit point's, out of order). A
         connection point that does not confirm within :data:`FLUSH_WAIT` (dead, or its
-        link failed: sessions resume elsewhere from what is retained) is not waited for; a
-        live one whose link is open is asked again, up to :data:`FLUSH_PATIENCE`."""
+        link failed: sessions resume elsewhere from what is retained) is not waited for."""
         ctx = self._ctx()
         token = next(self._flush_tokens)
         marker = wire.Handoff(marker=wire.Marker(flush=wire.Flush(token=token)))
@@ -501,23 +497,18 @@ class ExitPoint(wire_grpc.ExitPointServicer):
     async def _confirmed(self, link: Link, token: int) -> bool:
         """Whether the connection point of ``link`` took its Flush marker ``token``."""
         request = wire.FlushRequest(sender=self._ctx().name, token=token)
-        patience = time.monotonic() + FLUSH_PATIENCE
         async with grpc.aio.insecure_channel(link.address, options=CHANNEL_OPTIONS) as channel:
             stub = wire_grpc.DeliveryStub(channel)  # type: ignore[no-untyped-call]
-            while True:
-                try:
-                    await stub.Flushed(request, timeout=FLUSH_WAIT, metadata=call_metadata())
-                    return True
-                except grpc.aio.AioRpcError as exc:
-                    slow = exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                    if slow and link.state is LinkState.OPEN and time.monotonic() < patience:
-                        continue  # deliveries still ahead of the marker on a live link
-                    _log.warning(
-                        "connection point %s did not confirm the flush (%s): not waited for",
-                        link.peer,
-                        exc.code().name,
-                    )
-                    return False
+            try:
+                await stub.Flushed(request, timeout=FLUSH_WAIT, metadata=call_metadata())
+            except grpc.aio.AioRpcError as exc:
+                _log.warning(
+                    "connection point %s did not confirm the flush (%s): not waited for",
+                    link.peer,
+                    exc.code().name,
+                )
+                return False
+        return True
 
     # -- fences ---------------------------------------------------------------------------
 
