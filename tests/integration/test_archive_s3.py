@@ -110,7 +110,8 @@ def test_every_acknowledged_write_is_one_row_on_s3_through_a_kill_of_the_archive
     deadline = time.monotonic() + WAIT
     while True:
         status = archive_status(cluster.zk_address, cluster.spec.cluster)
-        if status["rows"] >= len(written) and status["waiting"]["changes"] == 0:
+        caught_up = status["rows"] >= len(written) and status["waiting"]["changes"] == 0
+        if caught_up and status["archiver"]["pending"] is None:  # its last batch ended too
             break
         assert time.monotonic() < deadline, f"the archive does not catch up: {status}"
         time.sleep(0.2)
