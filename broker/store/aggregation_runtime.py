@@ -26,7 +26,11 @@ No I/O here: the store's aggregation loop (broker.roles.store_aggregation) feeds
   wrote in its engine too, so that a restart does not write old windows again from the
   panes the sources still hold. A pane that changes after it was sent (*late*: a value of a
   level above that came after its close, or a write whose time is behind the marks: a clock
-  gone back) writes its windows again: a correction.
+  gone back) writes its windows again: a correction; so does one that first comes after
+  this owner wrote its window (its source was not serving in this owner's view then, or
+  offered it to another owner that did not take it), and the windows of a key that came
+  due while this store did not see itself as its primary, once it does (views crossed
+  while its partition moved).
 
 Versions: a group's definition applies from ``since``, a pane boundary at least a second
 after it was made or changed (so every store has it by then); the one it replaced keeps
@@ -171,7 +175,10 @@ class Aggregator:
         self._their_marks: dict[GroupLevel, dict[str, float]] = {}
         self._written: dict[GroupLevel, float] = {}  # windows written up to this end
         self._written_kept: dict[GroupLevel, float] = {}  # ... as the engine holds it
+        self._loaded: dict[GroupLevel, float] = {}  # ... as an earlier life wrote it
         self._corrections: set[PaneKey] = set()
+        # keys whose windows came due while this store was not their primary
+        self._skipped: dict[GroupLevel, set[tuple[str, str]]] = {}
 
     # -- definitions ---------------------------------------------------------------------
 
@@ -196,7 +203,8 @@ class Aggregator:
             self._dropped.add(pane_key)
         for group in [g for g in self._received if self._version_of(g) is None]:
             del self._received[group]
-        for table in (self._their_marks, self._written, self._marks):
+        tables = (self._their_marks, self._written, self._marks, self._skipped, self._loaded)
+        for table in tables:
             for group in [g for g in table if self._version_of(g) is None]:
                 del table[group]
         self._corrections = {k for k in self._corrections if self._version_of(k) is not None}
@@ -340,7 +348,8 @@ class Aggregator:
         for key, value in items:
             if key.startswith(_WRITTEN):
                 group = _group(msgpack.unpackb(key[len(_WRITTEN) :], raw=False))
-                self._written[group] = self._written_kept[group] = float(msgpack.unpackb(value))
+                end = float(msgpack.unpackb(value))
+                self._written[group] = self._written_kept[group] = self._loaded[group] = end
                 continue
             if not key.startswith(_PANES):
                 continue
@@ -438,18 +447,40 @@ class Aggregator:
             if version is None:
                 continue
             given = _parts_of(parts)
-            by_key = self._received.setdefault(_group(pane_key[:4]), {})
+            group = _group(pane_key[:4])
+            by_key = self._received.setdefault(group, {})
             by_pane = by_key.setdefault((pane_key[4], pane_key[5]), {})
             held = by_pane.setdefault(pane_key[6], {})
             before = held.get(source)
             if before != given:
                 held[source] = given
-                if before is not None or late:  # changed since its windows were written
+                # changed since its windows were written, or come after one was (its source
+                # was not a serving store here then, or offered it to another owner first)
+                if before is not None or late or self._written_without(group, version, pane_key):
                     self._corrections.add(pane_key)
         return {
             "inc": self.incarnation,
             "written": [[*group, end] for group, end in self._written.items()],
         }
+
+    def _written_without(self, group: GroupLevel, version: Version, pane_key: PaneKey) -> bool:
+        """Whether this process wrote a window holding this pane (so without it) and it is
+        still corrected: every source holds its panes of it (they drop one RETAIN seconds
+        after its last window was written, as this owner told them). Not the windows an
+        earlier life of this store wrote: after a restart every source sends its panes
+        again, and writing those windows again would give a level above the child's window
+        under its parent of now, not of then."""
+        done = self._written.get(group)
+        if done is None:
+            return False
+        window = version.definition.window
+        first = pane_key[6] + window.slide
+        return (
+            self._loaded.get(group, -math.inf)
+            < first
+            <= done
+            < first - window.slide + (window.size + RETAIN)
+        )
 
     def due(
         self, serving: Sequence[str], is_primary: Callable[[str, str], bool]
@@ -484,8 +515,22 @@ class Aggregator:
                     for end in definition.window.ends_with(pane_key[6]):
                         if end <= done:
                             wanted.add((pane_key[4], pane_key[5], end))
+                received = self._received.get(key, {})
+                skipped = self._skipped.setdefault(key, set())
+                for pair in list(skipped):
+                    if pair not in received:  # its panes were dropped: past correcting
+                        skipped.discard(pair)
+                    elif low > -math.inf and is_primary(tenant, pair[1]):
+                        # its partition came here after windows of it were due elsewhere
+                        # (the other store may have seen this one as its primary then)
+                        skipped.discard(pair)
+                        for pane in received[pair]:
+                            for end in definition.window.ends_with(pane):
+                                if end <= done:
+                                    wanted.add((*pair, end))
                 for path, entity_id, end in wanted:
                     if not is_primary(tenant, entity_id):
+                        skipped.add((path, entity_id))
                         continue
                     panes = self._received[key].get((path, entity_id), {})
                     merged = {

@@ -205,11 +205,28 @@ class _Sensors(threading.Thread):
         deadline = time.monotonic() + timeout
         while self.windows() != self.acknowledged and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert self.windows() == self.acknowledged, "windows (count, sum) != acknowledged"
+        assert self.windows() == self.acknowledged, self._told()
         expected = self._transitions()
         while self._alerts() != expected and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self._alerts() == expected, "alert transitions != the rule over the values"
+
+    def _told(self) -> str:
+        """What a failed check says: the totals, and each window notified more than once
+        with the counts in arrival order (a count going down: a write overtaken; all
+        equal: values that never reached the window)."""
+        counts: dict[tuple[str, float], list[int]] = {}
+        for notification in self.receiver.received():
+            for entity in notification.body["data"]:
+                if entity["type"] == "Building":
+                    count = entity["temperature_count_1s"]
+                    end = count["metadata"]["aggregate"]["value"]["end"]
+                    counts.setdefault((entity["id"], end), []).append(count["value"])
+        repeated = {f"{b} {e}": seen for (b, e), seen in sorted(counts.items()) if len(seen) > 1}
+        return (
+            f"windows (count, sum) {self.windows()} != acknowledged {self.acknowledged}; "
+            f"{len(counts)} windows; notified more than once: {repeated}"
+        )
 
     def _transitions(self) -> list[tuple[str, int, str]]:
         """The rule's transitions over each sensor's values (above 5 raises, below 3

@@ -85,14 +85,14 @@ def test_random_sets_match_as_the_reference(
 
 def test_partitioned_subscriptions_match_the_same(spark: Any, method: str) -> None:
     source = RandomSource(random.Random(5))
-    subs = [draw_subscription(source, f"s{i}") for i in range(400)]
-    ups = [draw_update(source) for _ in range(100)]
+    subs = [draw_subscription(source, f"s{i}") for i in range(250)]
+    ups = [draw_update(source) for _ in range(80)]
     _check(spark, method, subs, ups, partitions=3)
 
 
 def test_the_iot_workload_matches_as_the_engine(spark: Any, method: str) -> None:
-    subs = iot_subscriptions(3000, seed=3)
-    ups = iot_updates(400, seed=4)
+    subs = iot_subscriptions(2000, seed=3)
+    ups = iot_updates(300, seed=4)
     engine = Engine(subs)
     expected = engine.match_batch(ups, NOW)
     with open_matcher(spark, subs, method=method, now=NOW) as matcher:

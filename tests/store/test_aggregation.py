@@ -440,3 +440,122 @@ def test_a_write_behind_the_marks_is_written_again_not_lost() -> None:
     counts = [w.attributes["temperature_count_1s"]["value"] for w in derived]
     shown = [(w.entity_id, w.end - T0, c) for w, c in zip(derived, counts, strict=True)]
     assert shown == [("B1", 1.0, 1), ("B1", 1.0, 2), ("B2", 1.0, 1)]
+
+
+def test_a_pane_its_first_owner_did_not_take_is_a_correction_for_the_next_owner() -> None:
+    # "s" closes a pane of B1, owned by "x": the report to x fails (x is leaving the layer)
+    # while the same round's marks reach "y", which so writes the window's other keys up
+    # to its end; then B1's partition moves to y. y wrote that window already (for every
+    # key it owned then), so the pane must come to it as a correction, or it is lost
+    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
+    source, x, y = Aggregator("s", 1), Aggregator("x", 2), Aggregator("y", 3)
+    for aggregator in (source, x, y):
+        aggregator.define([Version(group, 1, T0)])
+    serving = ["s", "y"]
+    owners = {"B1": "x", "B2": "y"}
+
+    def owner_of(_tenant: str, building: str) -> str:
+        return owners[building]
+
+    def round_of(now: float, down: str = "") -> list[DerivedWrite]:
+        """A round at every serving store: close, reports, writes (``down``: a store still
+        registered, whose reports fail; the others no longer wait for its marks)."""
+        found = []
+        for store in (source, y):
+            store.close(now)
+            for target, (report, sent) in store.reports(owner_of, [*serving, down]).items():
+                if target == down:
+                    continue
+                to = {"s": source, "y": y}[target]
+                store.answered(target, to.receive(report), sent)
+        for store in (source, y):
+            owns = functools.partial(lambda name, t, b: owner_of(t, b) == name, store.store_id)
+            writes, settled = store.due(serving, owns)
+            store.written(settled)
+            found += writes
+        return found
+
+    # x answered s once (s knows its incarnation), then leaves
+    for target, (report, sent) in source.reports(owner_of, ["x"]).items():
+        source.answered(target, x.receive(report), sent)
+    round_of(T0 + 0.2)
+    round_of(T0 + 0.3)
+    for building in ("B1", "B2"):
+        sensor = document("S1", "Sensor", {"temperature": 1.0, "refBuilding": building})
+        source.observe([written(sensor, ["temperature"])], T0 + 0.5)
+    assert [w.entity_id for w in round_of(T0 + 1.2, down="x")] == ["B2"]  # y wrote B2
+    owners["B1"] = "y"  # x left: B1's partition is y's now
+    writes = round_of(T0 + 1.3)
+    assert [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in writes] == [
+        ("B1", 1)
+    ]
+
+
+def test_a_window_due_while_no_store_saw_itself_its_primary_is_written_once_one_does() -> None:
+    # B1's partition moves from "x" to "y" and their views cross for a round: x already
+    # sees y as its primary, y still sees x. The source (with the new view) sent the pane
+    # to y; neither wrote the window, both passed its end; once y sees itself the primary
+    # it writes it
+    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
+    x, y = Aggregator("x", 1), Aggregator("y", 2)
+    for aggregator in (x, y):
+        aggregator.define([Version(group, 1, T0)])
+    stores = {"x": x, "y": y}
+    sees = {"x": "y", "y": "x"}  # who each sees as B1's primary
+
+    def primary_here(name: str, _tenant: str, _building: str) -> bool:
+        return sees[name] == name
+
+    def round_of(now: float) -> list[DerivedWrite]:
+        found = []
+        for store in (x, y):
+            store.close(now)
+            for target, (report, sent) in store.reports(lambda _t, _b: "y", ["x", "y"]).items():
+                store.answered(target, stores[target].receive(report), sent)
+        for name, store in stores.items():
+            writes, settled = store.due(["x", "y"], functools.partial(primary_here, name))
+            store.written(settled)
+            found += writes
+        return found
+
+    round_of(T0 + 0.2)
+    round_of(T0 + 0.3)
+    sensor = document("S1", "Sensor", {"temperature": 1.0, "refBuilding": "B1"})
+    x.observe([written(sensor, ["temperature"])], T0 + 0.5)  # x applied it (the sensor's)
+    assert round_of(T0 + 1.2) == []  # due, but written by neither
+    sees["y"] = "y"  # y's view catches up
+    writes = round_of(T0 + 1.3)
+    assert [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in writes] == [
+        ("B1", 1)
+    ]
+
+
+def test_a_pane_of_a_store_the_owner_did_not_count_yet_corrects_its_window() -> None:
+    # "n" joined the layer and applied a write as a primary before its owner "y" saw it
+    # serving: y wrote the window without n's pane; the pane, sent once y counts n, is a
+    # correction (y wrote the window in this life, the sources all still hold theirs)
+    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
+    y, new = Aggregator("y", 1), Aggregator("n", 2)
+    for aggregator in (y, new):
+        aggregator.define([Version(group, 1, T0)])
+    for value in (1.0, 2.0):
+        sensor = document(f"S{value}", "Sensor", {"temperature": value, "refBuilding": "B1"})
+        (y if value == 1.0 else new).observe([written(sensor, ["temperature"])], T0 + 0.5)
+    derived: list[DerivedWrite] = []
+
+    def round_of(now: float, serving: list[str]) -> None:
+        for store in (y, new)[: len(serving)]:
+            store.close(now)
+            for target, (report, sent) in store.reports(lambda _t, _b: "y", serving).items():
+                if target == "y":
+                    store.answered(target, y.receive(report), sent)
+        writes, settled = y.due(serving, lambda _t, _b: True)
+        y.written(settled)
+        derived.extend(writes)
+
+    round_of(T0 + 0.2, ["y"])
+    round_of(T0 + 1.2, ["y"])  # written with y's value alone
+    for now in (T0 + 1.3, T0 + 1.4):
+        round_of(now, ["y", "n"])
+    counts = [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in derived]
+    assert counts == [("B1", 1), ("B1", 2)]
