@@ -48,7 +48,9 @@ The report (``--json``: one object):
 - ``lost``, ``duplicated``, ``unexpected``, ``published``, ``expected``, ``delivered``;
   ``out_of_order``: notifications that arrived after a later one of the same publisher for
   the same subscription (reported, not failed on: a batch the cluster refused and the
-  publisher sent again would count);
+  publisher sent again would count); ``out_of_order_at``: when they arrived,
+  ``{t, count, publishers}`` per second from the first publish (to set beside the
+  decisions);
 - ``decisions``: ``{t, layer, from, to, kind, reason, outcome}``, every layer;
   ``wrong_layer_decisions``: how many were on another layer than the exit points;
 - ``steps``: per rise of the profile, ``time_to_capacity_s``: from the step to the end of
@@ -277,6 +279,8 @@ class _Load:
     # order (a copy too: duplicates are counted apart)
     highest: dict[tuple[str, str], int] = field(default_factory=dict)
     out_of_order: int = 0
+    # second from the first publish -> [notifications out of order then, publishers]
+    out_of_order_at: dict[int, list[Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -442,6 +446,10 @@ class _Run:
             for subscription, publisher, sequence in keys:
                 if sequence < highest.get((subscription, publisher), 0):
                     self.load.out_of_order += 1
+                    second = int(time.monotonic() - self.started)
+                    seen = self.load.out_of_order_at.setdefault(second, [0, set()])
+                    seen[0] += 1
+                    seen[1].add(publisher)
                 else:
                     highest[(subscription, publisher)] = sequence
 
@@ -544,6 +552,10 @@ class _Run:
             "duplicated": repeated.total(),
             "unexpected": unexpected.total(),
             "out_of_order": self.load.out_of_order,
+            "out_of_order_at": [
+                {"t": t, "count": count, "publishers": len(publishers)}
+                for t, (count, publishers) in sorted(self.load.out_of_order_at.items())
+            ],
             "decisions": decisions,
             "wrong_layer_decisions": sum(d["layer"] != LAYER for d in decisions),
             "steps": self._steps(series),
