@@ -9,7 +9,7 @@ import functools
 import math
 import random
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -367,6 +367,46 @@ def exchange(source: Aggregator, owner: Aggregator) -> None:
             source.answered(target, owner.receive(report), sent)
 
 
+def counting(*names: str) -> list[Aggregator]:
+    """Store processes' aggregators with one group: a count of temperatures by building
+    (1 s tumbling windows)."""
+    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
+    stores = [Aggregator(name, number) for number, name in enumerate(names, 1)]
+    for store in stores:
+        store.define([Version(group, 1, T0)])
+    return stores
+
+
+def counts(writes: Iterable[DerivedWrite]) -> list[tuple[str, Any]]:
+    """Each derived write's entity and count (of a group counting ``temperature``)."""
+    return [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in writes]
+
+
+def one_round(
+    stores: dict[str, Aggregator],
+    now: float,
+    owner_of: Callable[[str, str], str],
+    serving: list[str],
+    primary: Callable[[str, str, str], bool],
+    down: str = "",
+) -> list[DerivedWrite]:
+    """A round at each of ``stores``: close, reports to the ``serving`` stores and ``down``
+    (still registered, its reports fail; the others no longer wait for its marks), then the
+    windows each writes (``primary(store, tenant, key)``: whether it sees itself primary)."""
+    found = []
+    for store in stores.values():
+        store.close(now)
+        targets = [*serving, down] if down else serving
+        for target, (report, sent) in store.reports(owner_of, targets).items():
+            if target != down:
+                store.answered(target, stores[target].receive(report), sent)
+    for name, store in stores.items():
+        writes, settled = store.due(serving, functools.partial(primary, name))
+        store.written(settled)
+        found += writes
+    return found
+
+
 @pytest.mark.parametrize("hand_over", [True, False])
 def test_a_store_leaving_the_layer_hands_its_open_panes_over(hand_over: bool) -> None:
     # "z" applied two values in a window still open, then leaves the store layer (a
@@ -447,33 +487,18 @@ def test_a_pane_its_first_owner_did_not_take_is_a_correction_for_the_next_owner(
     # while the same round's marks reach "y", which so writes the window's other keys up
     # to its end; then B1's partition moves to y. y wrote that window already (for every
     # key it owned then), so the pane must come to it as a correction, or it is lost
-    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
-    source, x, y = Aggregator("s", 1), Aggregator("x", 2), Aggregator("y", 3)
-    for aggregator in (source, x, y):
-        aggregator.define([Version(group, 1, T0)])
+    source, x, y = counting("s", "x", "y")
     serving = ["s", "y"]
     owners = {"B1": "x", "B2": "y"}
 
     def owner_of(_tenant: str, building: str) -> str:
         return owners[building]
 
+    def owns(store: str, tenant: str, building: str) -> bool:
+        return owner_of(tenant, building) == store
+
     def round_of(now: float, down: str = "") -> list[DerivedWrite]:
-        """A round at every serving store: close, reports, writes (``down``: a store still
-        registered, whose reports fail; the others no longer wait for its marks)."""
-        found = []
-        for store in (source, y):
-            store.close(now)
-            for target, (report, sent) in store.reports(owner_of, [*serving, down]).items():
-                if target == down:
-                    continue
-                to = {"s": source, "y": y}[target]
-                store.answered(target, to.receive(report), sent)
-        for store in (source, y):
-            owns = functools.partial(lambda name, t, b: owner_of(t, b) == name, store.store_id)
-            writes, settled = store.due(serving, owns)
-            store.written(settled)
-            found += writes
-        return found
+        return one_round({"s": source, "y": y}, now, owner_of, serving, owns, down)
 
     # x answered s once (s knows its incarnation), then leaves
     for target, (report, sent) in source.reports(owner_of, ["x"]).items():
@@ -486,9 +511,7 @@ def test_a_pane_its_first_owner_did_not_take_is_a_correction_for_the_next_owner(
     assert [w.entity_id for w in round_of(T0 + 1.2, down="x")] == ["B2"]  # y wrote B2
     owners["B1"] = "y"  # x left: B1's partition is y's now
     writes = round_of(T0 + 1.3)
-    assert [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in writes] == [
-        ("B1", 1)
-    ]
+    assert counts(writes) == [("B1", 1)]
 
 
 def test_a_window_due_while_no_store_saw_itself_its_primary_is_written_once_one_does() -> None:
@@ -496,27 +519,15 @@ def test_a_window_due_while_no_store_saw_itself_its_primary_is_written_once_one_
     # sees y as its primary, y still sees x. The source (with the new view) sent the pane
     # to y; neither wrote the window, both passed its end; once y sees itself the primary
     # it writes it
-    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
-    x, y = Aggregator("x", 1), Aggregator("y", 2)
-    for aggregator in (x, y):
-        aggregator.define([Version(group, 1, T0)])
+    x, y = counting("x", "y")
     stores = {"x": x, "y": y}
     sees = {"x": "y", "y": "x"}  # who each sees as B1's primary
 
     def primary_here(name: str, _tenant: str, _building: str) -> bool:
         return sees[name] == name
 
-    def round_of(now: float) -> list[DerivedWrite]:
-        found = []
-        for store in (x, y):
-            store.close(now)
-            for target, (report, sent) in store.reports(lambda _t, _b: "y", ["x", "y"]).items():
-                store.answered(target, stores[target].receive(report), sent)
-        for name, store in stores.items():
-            writes, settled = store.due(["x", "y"], functools.partial(primary_here, name))
-            store.written(settled)
-            found += writes
-        return found
+    def round_of(now: float) -> list[DerivedWrite]:  # the sources see y as the owner
+        return one_round(stores, now, lambda _t, _b: "y", ["x", "y"], primary_here)
 
     round_of(T0 + 0.2)
     round_of(T0 + 0.3)
@@ -525,19 +536,14 @@ def test_a_window_due_while_no_store_saw_itself_its_primary_is_written_once_one_
     assert round_of(T0 + 1.2) == []  # due, but written by neither
     sees["y"] = "y"  # y's view catches up
     writes = round_of(T0 + 1.3)
-    assert [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in writes] == [
-        ("B1", 1)
-    ]
+    assert counts(writes) == [("B1", 1)]
 
 
 def test_a_pane_of_a_store_the_owner_did_not_count_yet_corrects_its_window() -> None:
     # "n" joined the layer and applied a write as a primary before its owner "y" saw it
     # serving: y wrote the window without n's pane; the pane, sent once y counts n, is a
     # correction (y wrote the window in this life, the sources all still hold theirs)
-    group = definition({"type": "tumbling", "size": "1s"}, functions=["count"])
-    y, new = Aggregator("y", 1), Aggregator("n", 2)
-    for aggregator in (y, new):
-        aggregator.define([Version(group, 1, T0)])
+    y, new = counting("y", "n")
     for value in (1.0, 2.0):
         sensor = document(f"S{value}", "Sensor", {"temperature": value, "refBuilding": "B1"})
         (y if value == 1.0 else new).observe([written(sensor, ["temperature"])], T0 + 0.5)
@@ -557,5 +563,4 @@ def test_a_pane_of_a_store_the_owner_did_not_count_yet_corrects_its_window() -> 
     round_of(T0 + 1.2, ["y"])  # written with y's value alone
     for now in (T0 + 1.3, T0 + 1.4):
         round_of(now, ["y", "n"])
-    counts = [(w.entity_id, w.attributes["temperature_count_1s"]["value"]) for w in derived]
-    assert counts == [("B1", 1), ("B1", 2)]
+    assert counts(derived) == [("B1", 1), ("B1", 2)]
