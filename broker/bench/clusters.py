@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.cluster import ClusterSpec, LocalCluster
+from broker.coordination.embedded import free_port
 
-__all__ = ["add_dir_option", "bench_cluster", "wait_serving", "work_directory"]
+__all__ = ["add_dir_option", "bench_cluster", "store_cluster", "wait_serving", "work_directory"]
 
 
 def work_directory(text: str) -> Path:
@@ -61,6 +62,35 @@ def bench_cluster(
         raise
     cluster.stop()
     shutil.rmtree(state, ignore_errors=True)
+
+
+@contextmanager
+def store_cluster(
+    args: argparse.Namespace,
+    bench: str,
+    stores: int,
+    say: Callable[[argparse.Namespace, str], None],
+    more: Callable[[Path], dict[str, Any]] = lambda _state: {},
+) -> Iterator[tuple[LocalCluster, dict[str, Any]]]:
+    """:func:`bench_cluster` of one matcher, ``stores`` context stores (their history as
+    ``args.history`` says) and an HTTP front, logging warnings, for ``silbo bench BENCH``;
+    ``more``: further fields of its spec, given its state directory."""
+
+    def spec_of(state: Path) -> ClusterSpec:
+        return ClusterSpec(
+            matchers=1,
+            context_stores=stores,
+            grpc_port=0,
+            http_port=free_port(),
+            state_dir=state,
+            log_level="WARNING",
+            store_history=args.history == "on",
+            **more(state),
+        )
+
+    say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
+    with bench_cluster(args, f"silbo-bench-{bench}-{stores}-", spec_of, say) as started:
+        yield started
 
 
 def wait_serving(base: str, timeout: float = 30.0) -> None:

@@ -63,7 +63,7 @@ import grpc
 import numpy as np
 import psutil
 
-from broker.bench.clusters import add_dir_option, bench_cluster, wait_serving
+from broker.bench.clusters import add_dir_option, store_cluster, wait_serving
 from broker.bench.context_load import (
     CALL_TIMEOUT,
     FrontJob,
@@ -82,8 +82,7 @@ from broker.bench.storage import (
     seconds_argument,
 )
 from broker.bench.workloads.iot import IOT_TYPE
-from broker.cluster import ClusterSpec, LocalCluster
-from broker.coordination.embedded import free_port
+from broker.cluster import LocalCluster
 from broker.extras import require
 from broker.runtime.link import CHANNEL_OPTIONS
 from broker.runtime.options import Role
@@ -215,21 +214,13 @@ class _Running:
 def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
     """A local cluster of ``stores`` context stores and one HTTP front, removed afterwards."""
 
-    def spec_of(state: Path) -> ClusterSpec:
-        return ClusterSpec(
-            matchers=1,
-            context_stores=stores,
-            grpc_port=0,
-            http_port=free_port(),
-            state_dir=state,
-            log_level="WARNING",
-            store_history=args.history == "on",
-            archive=str(state / "archive") if args.archive == "on" else "",
-            archive_interval=2.0,  # batches while the windows run: the pulls and trims cost too
-        )
+    def archive(state: Path) -> dict[str, Any]:
+        return {
+            "archive": str(state / "archive") if args.archive == "on" else "",
+            "archive_interval": 2.0,  # batches while the windows run: pulls and trims cost too
+        }
 
-    _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
-    with bench_cluster(args, f"silbo-bench-context-{stores}-", spec_of, _say) as started:
+    with store_cluster(args, "context", stores, _say, archive) as started:
         cluster, described = started
         layout, addresses = store_addresses(cluster.zk_address, cluster.spec.cluster)
         internal = {

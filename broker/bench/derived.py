@@ -67,14 +67,13 @@ from typing import Any, Final
 
 import psutil
 
-from broker.bench.clusters import add_dir_option, bench_cluster, wait_serving
+from broker.bench.clusters import add_dir_option, store_cluster, wait_serving
 from broker.bench.derived_load import TICK, Publishers, Subscriber, Workload
 from broker.bench.derived_oracle import check, complete, judge, latencies, search, span
 from broker.bench.derived_report import merged, plot, print_summary, summary
 from broker.bench.match import positive
 from broker.bench.storage import counts_argument, seconds_argument
-from broker.cluster import ClusterSpec, LocalCluster
-from broker.coordination.embedded import free_port
+from broker.cluster import LocalCluster
 from broker.extras import require
 from broker.runtime.options import Role
 
@@ -244,22 +243,11 @@ def _run_cluster(
 def _cluster(args: argparse.Namespace, stores: int) -> Iterator[_Running]:
     """A local cluster of ``stores`` context stores serving gRPC and HTTP, removed after."""
 
-    def spec_of(state: Path) -> ClusterSpec:
-        return ClusterSpec(
-            matchers=1,
-            context_stores=stores,
-            grpc_port=0,
-            http_port=free_port(),
-            state_dir=state,
-            log_level="WARNING",
-            store_history=args.history == "on",
-            max_rates=((Role.CONTEXT_STORE.value, float(args.store_cap)),)
-            if args.store_cap
-            else (),
-        )
+    def capped(_state: Path) -> dict[str, Any]:
+        cap = args.store_cap
+        return {"max_rates": ((Role.CONTEXT_STORE.value, float(cap)),) if cap else ()}
 
-    _say(args, f"starting a cluster with {stores} context store{'s' if stores > 1 else ''}")
-    with bench_cluster(args, f"silbo-bench-derived-{stores}-", spec_of, _say) as started:
+    with store_cluster(args, "derived", stores, _say, capped) as started:
         cluster, described = started
         running = _Running(
             cluster,
