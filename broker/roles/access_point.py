@@ -521,7 +521,12 @@ class AccessPoint(wire_grpc.AccessPointServicer):
             wanted |= set(plan.old.matchers) | set(plan.new.matchers)
         for name in wanted:
             member = self._matchers.by_name.get(name)
-            if member is None or self._linked(name):
+            if member is None:
+                # declared dead: a link opened while it was still a member waits for ready
+                # on an address nothing answers; routing into it would never be acknowledged
+                self._give_up(name)
+                continue
+            if self._linked(name):
                 continue
             link = Link(
                 name,
@@ -542,6 +547,13 @@ class AccessPoint(wire_grpc.AccessPointServicer):
                 link.abort()  # a hung matcher must not hold the routing lock
             else:
                 ctx.loop.create_task(link.close())
+
+    def _give_up(self, matcher: str) -> None:
+        """Abort the link to a matcher no longer a member (its pending requests fail)."""
+        link = self._links.get(matcher)
+        if link is not None and link.state is LinkState.OPEN:
+            _log.warning("matcher %s is gone: its link is given up", matcher)
+            link.abort()  # _matcher_failed forgets it
 
     async def _send(self, matcher: str, payload: bytes) -> None:
         link = self._links.get(matcher)
