@@ -134,6 +134,9 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         self._links: dict[int, Link] = {}  # connection point sequence -> link
         self._pending: dict[str, dict[int, _Pending]] = {}  # access point -> first_seq -> ...
         self._next: dict[str, int] = {}  # access point -> the first_seq to release next
+        # access point -> the epoch of its batch taken off the line and being delivered (a
+        # capped exit point waits for its rate meanwhile, a full link for room)
+        self._delivering: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._access_points: Peers | None = None
         self._matchers: Peers | None = None
@@ -265,9 +268,13 @@ class ExitPoint(wire_grpc.ExitPointServicer):
                 updates = head.last_seq - head.first_seq + 1
                 if head.completer != self._ctx().member.sequence:
                     updates = 0  # another exit point's batch: only its order passes here
-                await load.admit(updates)
-                with load.working(updates):
-                    await self._deliver(head)
+                self._delivering[access_point] = head.epoch
+                try:
+                    await load.admit(updates)
+                    with load.working(updates):
+                        await self._deliver(head)
+                finally:
+                    del self._delivering[access_point]
                 load.output(updates)
                 self._note_completed(head, completed)
             await self._send_completed(completed)
@@ -393,22 +400,26 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             return True
         assert self._config is not None
         configuration = self._config.history.get(epoch)
+        if configuration is None:
+            # the matchers' partials came before this process saw the epoch (its watch lags
+            # on a loaded machine): not known to change nothing. Looked at again when the
+            # configuration comes (it releases every line)
+            return False
         previous = self._config.history.get(epoch - 1)
-        if (
-            configuration is None
-            or previous is None
-            or configuration.exit_points == previous.exit_points
-        ):
+        if previous is not None and configuration.exit_points == previous.exit_points:
             self._cleared.add(epoch)
             return True
         if epoch not in self._clearing:
             self._clearing.add(epoch)
-            self._spawn(self._await_drained(epoch, previous.exit_points))
+            old = previous.exit_points if previous is not None else None
+            self._spawn(self._await_drained(epoch, old))
         return False
 
-    async def _await_drained(self, epoch: int, previous: tuple[str, ...]) -> None:
+    async def _await_drained(self, epoch: int, previous: tuple[str, ...] | None) -> None:
         """Wait until the exit points of the epoch before ``epoch`` drained (or died, or the
-        scale is over), then let ``epoch``'s batches go out."""
+        scale is over), then let ``epoch``'s batches go out. ``previous``: those exit
+        points, None when this process did not see that epoch (the first it saw, or the
+        watch skipped it): the scale's plan names them."""
         ctx = self._ctx()
         zk, loop = ctx.zk, ctx.loop
         changed = asyncio.Event()
@@ -420,8 +431,11 @@ class ExitPoint(wire_grpc.ExitPointServicer):
             plan = read_plan(zk)
             if plan is None or plan.new.epoch != epoch:
                 return True
+            old = previous if previous is not None else plan.old.exit_points
+            if old == plan.new.exit_points:
+                return True  # not an exit-point scale
             live = set(zk.get_children(f"{MEMBERS}/exit-point", watch=watcher))
-            return set(previous) & live <= set(reports(zk, "drained", watch=watcher))
+            return set(old) & live <= set(reports(zk, "drained", watch=watcher))
 
         assert self._scale is not None
         self._scale.on_change(changed.set)  # the plan ended
@@ -466,6 +480,10 @@ class ExitPoint(wire_grpc.ExitPointServicer):
         # the line holds is its connection points' to send again (after the repair it closes).
         lines = [line for ap, line in self._pending.items() if ap in self._access_points.by_name]
         if any(p.epoch < epoch for line in lines for p in line.values()):
+            return
+        # nor one taken off its line and not yet on the links: the Flush marker would go out
+        # before it, and the new exit point of a moved publisher deliver before it
+        if any(e < epoch for e in self._delivering.values()):
             return
         self._drained.add(plan.id)
         self._spawn(self._flush_then_report(plan.id))
