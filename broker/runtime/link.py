@@ -58,6 +58,7 @@ SERVER_OPTIONS = (
     ("grpc.http2.max_ping_strikes", 0),
 )
 _CLOSE = object()
+_CLOSE_POLL = 0.05  # seconds between looks at the channel while a close waits
 
 
 class LinkState(enum.Enum):
@@ -152,9 +153,8 @@ class Link:
                     timeout = 0.0
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
-            except TimeoutError:
-                self._task.cancel()
+                if not await self._ended_within(timeout):
+                    self._task.cancel()
             except asyncio.CancelledError:
                 # abort() cancelled the stream meanwhile (a repair gave the peer up while
                 # this process stops): closed all the same; a cancel of ours goes on
@@ -163,6 +163,25 @@ class Link:
                     raise
         if self._channel is not None:
             await self._channel.close()
+
+    async def _ended_within(self, timeout: float) -> bool:
+        """Whether the stream ended within ``timeout`` s. Not waited for once the channel
+        cannot connect: the stream waits for a peer that is gone (its process stopped
+        meanwhile, as every process of a cluster stopping at once), and nothing queued can
+        reach it; a close waited its whole timeout for it."""
+        assert self._task is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self._task.done():
+            remaining = deadline - loop.time()
+            channel = self._channel
+            if remaining <= 0 or (
+                channel is not None
+                and channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE
+            ):
+                return False
+            await asyncio.wait({self._task}, timeout=min(_CLOSE_POLL, remaining))
+        return True
 
     def abort(self) -> None:
         """Give the peer up now (a repair removed it): drop what is queued, release senders
