@@ -21,8 +21,7 @@ from broker.bench.autoscale import Segment, parse_profile, publisher_names
 def test_a_short_profile_is_scaled_out_and_nothing_is_lost_or_duplicated(tmp_path: Path) -> None:
     plot = tmp_path / "autoscale.png"
     command = [sys.executable, "-m", "broker.cli", "bench", "autoscale", "--json"]
-    # the x4 step holds 24 s: a loaded CI machine took longer than 18 s to capacity once
-    command += ["--profile", "1:5,4:24,1:3", "--base", "60", "--cap", "100", "--max", "4"]
+    command += ["--profile", "1:5,4:18,1:3", "--base", "60", "--cap", "100", "--max", "4"]
     command += ["--plot", str(plot)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -43,25 +42,26 @@ def test_a_short_profile_is_scaled_out_and_nothing_is_lost_or_duplicated(tmp_pat
     assert grown[0]["from"] == 1 and grown[0]["outcome"].startswith("completed"), shown
     assert {"t", "layer", "from", "to", "reason"} <= set(grown[0]), shown
     # how soon the capacity reaches the load is a figure of the machine (a loaded CI machine
-    # was not there within the step's 24 s once): the report must agree with its series
+    # was not there within a step of 24 s once): the report must agree with its series
     series = summary["series"]
-    inside = [i for i, t in enumerate(series["t"]) if 5.0 <= t < 29.0]
+    inside = [i for i, t in enumerate(series["t"]) if 5.0 <= t < 23.0]
     enough = [i for i in inside if series["capacity_per_s"][i] >= series["offered_per_s"][i]]
     if enough:
         assert step["time_to_capacity_s"] == round(series["t"][enough[0]] + 1 - 5.0, 1), shown
     else:
         assert step["time_to_capacity_s"] is None, shown
     assert "time_to_throughput_s" in step, shown
-    assert max(series["serving"]) > 1 and len(series["t"]) >= 25, shown
+    assert max(series["serving"]) > 1 and len(series["t"]) >= 20, shown
     assert plot.stat().st_size > 10_000
     # a refused batch sent again would arrive after later ones; without refusals the
-    # exit-point hand-over should keep each publisher's order. A known defect (2 of ~10 CI
-    # runs on a loaded machine: 123 and 129 out of order, never here): reported as an
-    # expected failure, visibly, until it is found (docs/protocol.md, the stop-31 note)
+    # exit-point hand-over keeps each publisher's order. Two causes of a defect seen in about
+    # 2 of 10 loaded CI runs were found and fixed in stop 33 (docs/protocol.md, "Exit
+    # points"); until enough CI runs show it gone, an occurrence is reported as an expected
+    # failure, visibly, with when it happened beside the scales (it would be a third cause)
     if summary["refused"] == 0 and summary["out_of_order"]:
         scales = [(d["t"], d["from"], d["to"], d["outcome"]) for d in summary["decisions"]]
         pytest.xfail(
-            f"known: {summary['out_of_order']} notifications out of order, none refused: "
+            f"out of order again: {summary['out_of_order']} notifications, none refused: "
             f"at {summary['out_of_order_at']}; scales {scales}"
         )
     assert summary["out_of_order_at"] == [] or summary["refused"] > 0, shown

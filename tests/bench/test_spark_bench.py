@@ -58,7 +58,7 @@ def test_a_mismatch_fails_loudly(
         return seconds, matches + 1
 
     monkeypatch.setattr(bench, "_engine_pass", off_by_one)
-    args = _args("-n", "50", "-m", "20", "--runs", "1", "--quiet")
+    args = _args("-n", "50", "-m", "20", "--runs", "1", "--methods", "engine", "--quiet")
     assert bench.run(args) == 1  # the process's session: the fixture's
     err = capsys.readouterr().err
     assert "MISMATCH" in err and "Spark found" in err
