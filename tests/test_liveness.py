@@ -10,9 +10,7 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-import pytest
 
-from broker.runtime import liveness
 from broker.runtime.liveness import Prober, Target
 from broker.wire import internal_pb2 as wire
 from broker.wire import internal_pb2_grpc as wire_grpc
@@ -105,10 +103,7 @@ def _serve(admin: _Admin) -> tuple[grpc.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-def test_a_starved_prober_counts_no_silence_and_two_silent_at_once_are_left_alone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(liveness, "PROBE_INTERVAL", 3600.0)  # rounds driven by the test
+def test_a_starved_prober_counts_no_silence_and_two_silent_at_once_are_left_alone() -> None:
     admins = [_Admin(), _Admin()]
     served = [_serve(a) for a in admins]
     targets = [Target(i, "matcher", f"m{i}", address) for i, (_s, address) in enumerate(served)]
@@ -118,8 +113,9 @@ def test_a_starved_prober_counts_no_silence_and_two_silent_at_once_are_left_alon
         reports.append(found.name)
         return True
 
-    alone = Prober(lambda: targets[:1], silent, hang_after=1.0)
-    together = Prober(lambda: targets, silent, hang_after=1.0, one_at_a_time=True)
+    # rounds driven by the test
+    alone = Prober(lambda: targets[:1], silent, hang_after=1.0, interval=3600.0)
+    together = Prober(lambda: targets, silent, hang_after=1.0, one_at_a_time=True, interval=3600.0)
     try:
         alone.probe_once()
         together.probe_once()  # both answer
