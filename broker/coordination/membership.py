@@ -216,8 +216,10 @@ class Membership:
                     self._client.handler.spawn(self._reregister, self._generation)
         return member
 
-    def leave(self) -> None:
-        """Delete the znode and stop re-registering; idempotent."""
+    def leave(self, *, within: float | None = None) -> None:
+        """Delete the znode and stop re-registering; idempotent. ``within``: give the delete
+        that many seconds (ZooKeeperUnavailable after): a stopping process cut off from
+        ZooKeeper waited in it until its supervisor's stop grace ran out."""
         with self._cond:
             if self._state in (MembershipState.LEFT, MembershipState.UNREGISTERED):
                 self._state = MembershipState.LEFT
@@ -228,7 +230,10 @@ class Membership:
         if member is not None:
             # NoNodeError: the session already ended, and the znode with it.
             with translated(f"delete member {member.path}"), contextlib.suppress(NoNodeError):
-                self._client.retry(self._client.delete, member.path)
+                if within is None:
+                    self._client.retry(self._client.delete, member.path)
+                else:  # kazoo queues a call while it reconnects: a retry's deadline never ends it
+                    self._client.delete_async(member.path).get(timeout=within)
 
     def wait_for(self, state: MembershipState, *, timeout: float) -> bool:
         """Wait until the membership is in ``state``; False on timeout."""

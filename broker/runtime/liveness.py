@@ -55,6 +55,7 @@ STARTING_GRACE = 30.0  # seconds a target that never answered is given to start 
 LEADER_LOOK = 1.0  # seconds between two reads of who the elected repairer is
 MIN_FAILED = 2  # unanswered probes in a row before a target counts as silent
 STARVED = 0.5  # seconds between two rounds past which the prober was starved: clocks restart
+CLOSE_WAIT = 1.5  # seconds a close waits for the round under way
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +107,10 @@ class Prober:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop probing (at the end of the round under way)."""
+        """Stop probing (at the end of the round under way, given CLOSE_WAIT seconds: a round
+        can wait on ZooKeeper, cut off from a stopping process)."""
         self._closed.set()
-        self._thread.join(timeout=5.0)
+        self._thread.join(timeout=CLOSE_WAIT)
         self._forget(set(self._probed))
 
     def _run(self) -> None:

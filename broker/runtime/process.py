@@ -35,6 +35,7 @@ from kazoo.client import KazooClient
 from kazoo.recipe.watchers import DataWatch
 
 from broker.coordination.client import ConnectionStateWatcher, connect
+from broker.coordination.errors import CoordinationError
 from broker.coordination.membership import Member, Membership, MembershipState
 from broker.coordination.repair import Repairer
 from broker.errors import AddressInUse
@@ -146,6 +147,10 @@ def _load_message(sample: LoadSample) -> wire.Load:
 
 EXIT_FENCED = 75  # the registration was lost: start again as a new member
 LOAD_REFRESH = 1.0  # seconds between two refreshes of the load gauges
+# seconds a stopping process gives the delete of its registration: cut off from ZooKeeper
+# (restarted under a loaded machine) it waited the client's 10-s retry deadline, past its
+# supervisor's stop grace
+LEAVE_WITHIN = 2.0
 
 
 def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
@@ -270,7 +275,10 @@ async def serve(
         if peers is not None:
             await asyncio.to_thread(peers.close)  # it waits for a probe round: not on the loop
         repairer.stop()
-        await asyncio.to_thread(membership.leave)
+        try:
+            await asyncio.to_thread(membership.leave, within=LEAVE_WITHIN)
+        except CoordinationError as exc:  # its session's end removes the registration
+            _log.warning("leaving the cluster: %s", exc)
         await role.stop()
         if clients is not None:
             await clients.stop(grace=2.0)

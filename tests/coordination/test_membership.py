@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import queue
+import threading
 from collections.abc import Callable
 
 import pytest
 from kazoo.client import KazooClient
 
+from broker.coordination.client import connect
+from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.coordination.errors import CoordinationError
 from broker.coordination.membership import (
     Member,
@@ -119,3 +122,32 @@ def test_misuse_is_a_typed_error(client: KazooClient) -> None:
     membership.register()
     with pytest.raises(CoordinationError, match="once"):
         membership.register()
+
+
+def test_leaving_cut_off_from_zookeeper_gives_up_within_the_time_given() -> None:
+    """A stopping process whose ZooKeeper is away gives the delete of its registration the
+    time it is given (its session's end removes it), not the client's 10-s retry deadline:
+    a foreground `silbo up` took 10.6 s to stop after its ZooKeeper was restarted."""
+    with EmbeddedZooKeeper() as server:
+        client = connect(server.address, cluster="leaving", timeout=10)
+        try:
+            membership = Membership(client, "matcher", "127.0.0.1:1")
+            membership.register()
+            server.stop()
+            raised: list[BaseException] = []
+
+            def leave() -> None:
+                try:
+                    membership.leave(within=1.0)
+                except BaseException as exc:
+                    raised.append(exc)
+
+            leaving = threading.Thread(target=leave, daemon=True)  # it hung, before
+            leaving.start()
+            leaving.join(timeout=4.0)
+            assert not leaving.is_alive(), "leave() did not give up"
+            (error,) = raised
+            assert isinstance(error, CoordinationError) and "delete member" in str(error)
+        finally:
+            client.stop()
+            client.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import itertools
 import json
 import socket
 import threading
@@ -23,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from broker.cluster import ClusterSpec, LocalCluster
+from broker.cluster.local import ClusterError
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.ngsi.allow import AllowList
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
@@ -235,18 +237,25 @@ def started_front(
 ) -> Iterator[Front]:
     """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), its connection point
     serving HTTP on a free port; stopped on leaving."""
-    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    spec = ClusterSpec(
-        zk=zookeeper.address,
-        cluster=name,
-        grpc_port=0,
-        http_port=free_port(),
-        state_dir=Path(tmp_path_factory.mktemp(name)),
-        **fields,
-    )
-    cluster = LocalCluster(spec)
+    for attempt in itertools.count(1):
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        spec = ClusterSpec(
+            zk=zookeeper.address,
+            cluster=name,
+            grpc_port=0,
+            http_port=free_port(),
+            state_dir=Path(tmp_path_factory.mktemp(name)),
+            **fields,
+        )
+        cluster = LocalCluster(spec)
+        try:
+            description = cluster.start()
+            break
+        except ClusterError as exc:
+            # the free port was taken by another test's process before the front bound it
+            if "Address already in use" not in str(exc) or attempt == 3:
+                raise
     try:
-        description = cluster.start()
         served = Front(description["http_endpoints"][0], cluster)
         served.wait_serving()
         yield served
