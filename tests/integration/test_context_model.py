@@ -43,12 +43,9 @@ import json
 import math
 import os
 import signal
-import socket
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -61,10 +58,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from ngsi.conftest import Answer, Front, Receiver, free_port, tenant
+from ngsi.conftest import Answer, Front, Receiver, started_fronts, tenant
 
 from broker.cli import build_parser
-from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.runtime.options import Role
 from broker.store.entities import partition_of
@@ -89,38 +85,14 @@ Key = tuple[str, str]  # (id, type)
 SUCCESS, PARTIAL, ATTRS_FAIL, NOT_FOUND = "success", "partial", "attrsFail", "notFound"
 
 
-def _two_free_ports() -> int:
-    """A port free on loopback now, and the next one too (the second front's)."""
-    while True:
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
 @pytest.fixture(scope="module")
 def fronts(
     zookeeper: EmbeddedZooKeeper, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Front, Front]]:
     """One cluster for the module: 2 HTTP fronts, 2 context stores, 1 matcher."""
-    name = f"cm-{uuid.uuid4().hex[:8]}"
-    spec = ClusterSpec(
-        zk=zookeeper.address,
-        cluster=name,
-        grpc_port=0,
-        http_port=_two_free_ports(),
-        connection_points=2,
-        context_stores=2,
-        matchers=1,
-        state_dir=Path(tmp_path_factory.mktemp(name)),
-    )
-    with LocalCluster(spec) as cluster:
-        a, b = (Front(address, cluster) for address in cluster.description["http_endpoints"])
-        a.wait_serving()
-        b.wait_serving()
+    with started_fronts(
+        zookeeper, tmp_path_factory, "cm", connection_points=2, context_stores=2, matchers=1
+    ) as (a, b):
         yield a, b
 
 

@@ -229,14 +229,14 @@ class Front:
 
 
 @contextmanager
-def started_front(
+def started_fronts(
     zookeeper: EmbeddedZooKeeper,
     tmp_path_factory: pytest.TempPathFactory,
     prefix: str,
     **fields: Any,
-) -> Iterator[Front]:
-    """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), its connection point
-    serving HTTP on a free port; stopped on leaving."""
+) -> Iterator[list[Front]]:
+    """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), each of its
+    connection points serving HTTP from a free port on, serving; stopped on leaving."""
     for attempt in itertools.count(1):
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         spec = ClusterSpec(
@@ -252,15 +252,28 @@ def started_front(
             description = cluster.start()
             break
         except ClusterError as exc:
-            # the free port was taken by another test's process before the front bound it
+            # a port was taken by another test's process before a front bound it
             if "Address already in use" not in str(exc) or attempt == 3:
                 raise
     try:
-        served = Front(description["http_endpoints"][0], cluster)
-        served.wait_serving()
+        served = [Front(address, cluster) for address in description["http_endpoints"]]
+        for front in served:
+            front.wait_serving()
         yield served
     finally:
         cluster.stop()
+
+
+@contextmanager
+def started_front(
+    zookeeper: EmbeddedZooKeeper,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    **fields: Any,
+) -> Iterator[Front]:
+    """:func:`started_fronts`, its first front."""
+    with started_fronts(zookeeper, tmp_path_factory, prefix, **fields) as served:
+        yield served[0]
 
 
 @pytest.fixture(scope="module")
