@@ -58,6 +58,7 @@ _log = logging.getLogger(__name__)
 
 READY_WAIT = 30.0  # seconds to wait for a configuration, its matchers and an exit point
 _READY_POLL = 0.02  # seconds between looks while not ready
+_STILL_UNREADY = 1.0  # a wait this soon after one ran out goes on from when that one began
 UPDATE_WAIT = 5.0  # ... before an update batch is refused (its publisher publishes again)
 RETAIN_LIMIT = 120.0  # seconds a batch is kept for sending again, at most
 SWEEP_EVERY = 5.0  # seconds between looks for batches kept too long
@@ -100,6 +101,8 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         self._scale: ScaleView | None = None
         self._scale_started = ""  # the plan whose start markers were sent
         self._routed_epoch = 0  # the epoch of the last updates routed
+        self._unready_since: float | None = None  # when a wait for readiness began, if one
+        self._refused_at = 0.0  # when the last wait for readiness ran out
         self._held: list[tuple[wire.Batch, asyncio.Queue[wire.RequestAck | None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         # per inbound stream (a connection point), its batches kept by origin_batch, in order
@@ -488,20 +491,28 @@ class AccessPoint(wire_grpc.AccessPointServicer):
         if not ready():
             self._sync_links()
             current = self._config.current
-            if not ready() and current is not None:
-                _log.info(
-                    "waiting for matchers %s (known: %s)",
-                    [n for n in current.matchers if not self._linked(n)],
-                    sorted(self._matchers.by_name) if self._matchers else [],
-                )
             # readiness changes with the configuration, the matchers' links and the exit
             # points' registrations (an exit point restarted after a repair left none): each
-            # is looked at, not only the configuration's changes (that waited out READY_WAIT)
-            deadline = time.monotonic() + wait
+            # is looked at, not only the configuration's changes (that waited out READY_WAIT).
+            # A wait that follows a refusal at once (a batch queued behind the lock) goes on
+            # from when the first began: each waiting it out in turn, a publisher behind six
+            # of them heard nothing for 30 s
+            now = time.monotonic()
+            if self._unready_since is None or now - self._refused_at > _STILL_UNREADY:
+                self._unready_since = now
+                if not ready() and current is not None:
+                    _log.info(
+                        "waiting for matchers %s (known: %s)",
+                        [n for n in current.matchers if not self._linked(n)],
+                        sorted(self._matchers.by_name) if self._matchers else [],
+                    )
+            deadline = self._unready_since + wait
             while not ready():
                 if time.monotonic() >= deadline:
+                    self._refused_at = time.monotonic()
                     raise _NotReady("no configuration, matcher or exit point ready")
                 await asyncio.sleep(_READY_POLL)
+        self._unready_since = None
         current = self._config.current
         assert current is not None
         return current
