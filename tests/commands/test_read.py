@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import StartCluster
-from ngsi.conftest import Front, free_port
+from ngsi.conftest import fronts_of
 
 from broker.cli import build_parser
 from broker.client import Client
@@ -31,9 +31,8 @@ def _run(argv: list[str]) -> tuple[int, str]:
 def test_reads_through_the_client_and_the_command_line(
     start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = start_cluster(matchers=1, http_port=free_port())
-    front = Front(cluster.description["http_endpoints"][0], cluster)
-    front.wait_serving()
+    cluster = start_cluster(matchers=1, http_port=0)
+    [front] = fronts_of(cluster)
     headers = {"Fiware-Service": "acme", "Fiware-ServicePath": "/madrid"}
     for i in range(5):
         body: dict[str, Any] = {

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from ngsi.conftest import Front, free_port
+from ngsi.conftest import Front, fronts_of
 
 from broker import cli
 from broker.archive.files import MARKER
@@ -46,7 +46,7 @@ def archived(
         zk=zookeeper.address,
         cluster=f"ar-{uuid.uuid4().hex[:8]}",
         grpc_port=0,
-        http_port=free_port(),
+        http_port=0,
         matchers=1,
         context_stores=2,
         replicas=2,
@@ -56,10 +56,9 @@ def archived(
     )
     cluster = LocalCluster(spec)
     try:
-        described = cluster.start()
+        cluster.start()
         del os.environ[FAULT_ENV]
-        front = Front(described["http_endpoints"][0], cluster)
-        front.wait_serving()
+        [front] = fronts_of(cluster)
         supervised = Supervised(cluster)
         try:
             yield supervised, front

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from conftest import S3Server
-from ngsi.conftest import Front, free_port
+from ngsi.conftest import Front, fronts_of
 
 from broker import cli
 from broker.archive.files import MARKER
@@ -49,7 +49,7 @@ def on_s3(
         zk=zookeeper.address,
         cluster=f"s3-{uuid.uuid4().hex[:8]}",
         grpc_port=0,
-        http_port=free_port(),
+        http_port=0,
         matchers=1,
         context_stores=1,
         replicas=1,
@@ -59,10 +59,9 @@ def on_s3(
     )
     cluster = LocalCluster(spec)
     try:
-        described = cluster.start()
+        cluster.start()
         del os.environ[FAULT_ENV]
-        front = Front(described["http_endpoints"][0], cluster)
-        front.wait_serving()
+        [front] = fronts_of(cluster)
         supervised = Supervised(cluster)
         try:
             yield supervised, front, root

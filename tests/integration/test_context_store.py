@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ngsi.conftest import Answer, Front, Receiver, free_port
+from ngsi.conftest import Answer, Front, Receiver, fronts_of
 
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.coordination.embedded import EmbeddedZooKeeper
@@ -42,7 +41,7 @@ def _spec(zookeeper: EmbeddedZooKeeper, state: Path, name: str, **fields: Any) -
             "zk": zookeeper.address,
             "cluster": name,
             "grpc_port": 0,
-            "http_port": _free_ports(2),
+            "http_port": 0,
             "connection_points": 2,
             "context_stores": 2,
             "matchers": 1,
@@ -50,32 +49,6 @@ def _spec(zookeeper: EmbeddedZooKeeper, state: Path, name: str, **fields: Any) -
             **fields,
         }
     )
-
-
-def _free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free now (the fronts count up from it)."""
-    for _attempt in range(50):
-        base = free_port()
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise AssertionError(f"no {count} consecutive free ports")
-
-
-def _fronts(description: dict[str, Any], cluster: LocalCluster) -> list[Front]:
-    fronts = [Front(address, cluster) for address in description["http_endpoints"]]
-    for front in fronts:
-        front.wait_serving()
-    return fronts
 
 
 def _entities(front: Front, **headers: str) -> list[dict[str, Any]]:
@@ -104,7 +77,7 @@ def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restar
     model: dict[str, dict[str, Any]] = {}  # the test's own model of what Orion would store
     history: dict[str, list[int]] = {}  # each entity's values of t, as they changed
     with LocalCluster(_spec(zookeeper, state, name, store_history=True)) as cluster:
-        a, b = _fronts(cluster.description, cluster)
+        a, b = fronts_of(cluster)
         for i in range(120):
             front = rng.choice((a, b))
             entity_id = f"Room{rng.randrange(30)}"
@@ -142,7 +115,7 @@ def test_writes_through_two_fronts_read_the_same_through_both_and_after_a_restar
     with LocalCluster(
         _spec(zookeeper, state, name, connection_points=1, store_history=True)
     ) as cluster:
-        (again,) = _fronts(cluster.description, cluster)
+        (again,) = fronts_of(cluster)
         assert _entities(again) == expected
         assert {e: _history(again, e) for e in history} == history  # durable, as the entities
 
@@ -177,7 +150,7 @@ def test_a_q_subscription_fires_on_an_update_through_the_other_front(
 ) -> None:
     spec = _spec(zookeeper, tmp_path / "state", f"cs-{uuid.uuid4().hex[:8]}")
     with LocalCluster(spec) as cluster:
-        a, b = _fronts(cluster.description, cluster)
+        a, b = fronts_of(cluster)
         subscription = {
             "subject": {
                 "entities": [{"idPattern": ".*", "type": "Room"}],
@@ -240,7 +213,7 @@ def _one_front(
     name = f"cs-{uuid.uuid4().hex[:8]}"
     spec = _spec(zookeeper, tmp_path / "state", name, connection_points=1, replicas=replicas)
     with LocalCluster(spec) as cluster:
-        (front,) = _fronts(cluster.description, cluster)
+        (front,) = fronts_of(cluster)
         yield cluster, front
 
 

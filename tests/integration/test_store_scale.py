@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ngsi.conftest import Front, Receiver, tenant
+from ngsi.conftest import Front, Receiver, fronts_of, tenant
 
 from broker.cli import main
 from broker.cluster import LocalCluster
@@ -36,7 +36,7 @@ from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.roles.store_scaling import registrations
 from broker.runtime.options import Role
 from broker.store.layout import SCALE, read_store_layout
-from integration.test_context_store import _entities, _fronts, _kill_store, _spec
+from integration.test_context_store import _entities, _kill_store, _spec
 
 pytestmark = pytest.mark.slow
 
@@ -264,7 +264,7 @@ def _cluster(
         replicas=stores,
     )
     with LocalCluster(spec) as cluster:
-        (front,) = _fronts(cluster.description, cluster)
+        (front,) = fronts_of(cluster)
         body = {"id": "E0", "type": "T", "v": {"type": "Number", "value": 0}}
         assert front.call("POST", "/v2/entities", body).status == 201
         yield cluster, front
@@ -327,7 +327,7 @@ def test_scale_out_and_in_under_writes_and_reads_loses_nothing(
     assert len(stores) == 1
     cluster.stop()
     with LocalCluster(cluster.spec) as again:
-        (front,) = _fronts(again.description, again)
+        (front,) = fronts_of(again)
         writer.check(front)
 
 

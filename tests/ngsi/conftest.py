@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import itertools
 import json
 import socket
 import threading
@@ -24,10 +23,13 @@ import pytest
 from aiohttp import web
 
 from broker.cluster import ClusterSpec, LocalCluster
-from broker.cluster.local import ClusterError
+from broker.coordination.client import connect
 from broker.coordination.embedded import EmbeddedZooKeeper
+from broker.coordination.http_subscriptions import FRONTS
+from broker.coordination.membership import Member
 from broker.ngsi.allow import AllowList
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
+from broker.runtime.options import Role
 
 __all__ = [
     "Answer",
@@ -35,8 +37,10 @@ __all__ = [
     "Notification",
     "Receiver",
     "free_port",
+    "fronts_of",
     "plain_subscription",
     "started_front",
+    "started_fronts",
     "tenant",
 ]
 
@@ -228,6 +232,34 @@ class Front:
             connection.close()
 
 
+def fronts_of(
+    cluster: LocalCluster, members: list[Member] | None = None, timeout: float = 30.0
+) -> list[Front]:
+    """The HTTP fronts of ``members`` (by default ``cluster``'s connection points, by
+    registration order), each serving, at the addresses they registered in ZooKeeper: so a
+    cluster serves HTTP on any free port (``http_port=0``), as a port picked free beforehand
+    can be taken by another test's process before the front binds it."""
+    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
+    try:
+        addresses = []
+        deadline = time.monotonic() + timeout
+        for member in cluster.members_of(Role.CONNECTION_POINT) if members is None else members:
+            while not zk.exists(f"{FRONTS}/{member.name}"):
+                exited = cluster.poll()
+                assert not exited, f"{member.name} serves no HTTP front: {exited}"
+                assert time.monotonic() < deadline, f"{member.name} serves no HTTP front"
+                time.sleep(0.05)
+            data, _stat = zk.get(f"{FRONTS}/{member.name}")
+            addresses.append(json.loads(data)["http"])
+    finally:
+        zk.stop()
+        zk.close()
+    fronts = [Front(address, cluster) for address in addresses]
+    for front in fronts:
+        front.wait_serving()
+    return fronts
+
+
 @contextmanager
 def started_fronts(
     zookeeper: EmbeddedZooKeeper,
@@ -236,30 +268,20 @@ def started_fronts(
     **fields: Any,
 ) -> Iterator[list[Front]]:
     """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), each of its
-    connection points serving HTTP from a free port on, serving; stopped on leaving."""
-    for attempt in itertools.count(1):
-        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-        spec = ClusterSpec(
-            zk=zookeeper.address,
-            cluster=name,
-            grpc_port=0,
-            http_port=free_port(),
-            state_dir=Path(tmp_path_factory.mktemp(name)),
-            **fields,
-        )
-        cluster = LocalCluster(spec)
-        try:
-            description = cluster.start()
-            break
-        except ClusterError as exc:
-            # a port was taken by another test's process before a front bound it
-            if "Address already in use" not in str(exc) or attempt == 3:
-                raise
+    connection points serving HTTP on a free port, serving; stopped on leaving."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    spec = ClusterSpec(
+        zk=zookeeper.address,
+        cluster=name,
+        grpc_port=0,
+        http_port=0,
+        state_dir=Path(tmp_path_factory.mktemp(name)),
+        **fields,
+    )
+    cluster = LocalCluster(spec)
+    cluster.start()
     try:
-        served = [Front(address, cluster) for address in description["http_endpoints"]]
-        for front in served:
-            front.wait_serving()
-        yield served
+        yield fronts_of(cluster)
     finally:
         cluster.stop()
 

@@ -28,7 +28,7 @@ from broker.coordination.embedded import EmbeddedZooKeeper
 from broker.coordination.http_subscriptions import FRONTS, OWNERS, STATUS, SUBSCRIPTIONS
 from broker.ngsi.retry import ID_HEADER
 from broker.runtime.options import Role
-from ngsi.conftest import Front, Receiver, tenant
+from ngsi.conftest import Front, Receiver, fronts_of, tenant
 from ngsi.test_notifications import get, http_subscription, publish, subscribe, wait_until
 
 # these tests start processes (ZooKeeper, silbo, a cluster)
@@ -52,25 +52,7 @@ def _cluster(
     )
     cluster = LocalCluster(spec)
     cluster.start()
-    fronts = [_front_of(cluster, m.name) for m in cluster.members_of(Role.CONNECTION_POINT)]
-    return cluster, fronts
-
-
-def _front_of(cluster: LocalCluster, member: str) -> Front:
-    """The front of a connection point, once it serves (its /ngsi/fronts entry)."""
-    zk = _zk(cluster)
-    try:
-        deadline = time.monotonic() + 30
-        while not zk.exists(f"{FRONTS}/{member}"):
-            assert time.monotonic() < deadline, f"{member} serves no HTTP front"
-            time.sleep(0.05)
-        data, _stat = zk.get(f"{FRONTS}/{member}")
-    finally:
-        zk.stop()
-        zk.close()
-    front = Front(json.loads(data)["http"], cluster)
-    front.wait_serving()
-    return front
+    return cluster, fronts_of(cluster)
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +301,7 @@ def test_a_new_front_takes_over_when_every_front_died(
     try:
         assert sorted(zk.get_children(SUBSCRIPTIONS)) == sorted(made)  # kept while none serve
         [third] = cluster.add(Role.CONNECTION_POINT, 1)
-        front = _front_of(cluster, third.name)
+        [front] = fronts_of(cluster, [third])
 
         def owner(subscription_id: str) -> bytes:
             try:
