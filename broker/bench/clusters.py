@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from broker.cluster import ClusterSpec, LocalCluster
-from broker.coordination.embedded import free_port
 
 __all__ = ["add_dir_option", "bench_cluster", "store_cluster", "wait_serving", "work_directory"]
 
@@ -81,7 +80,7 @@ def store_cluster(
             matchers=1,
             context_stores=stores,
             grpc_port=0,
-            http_port=free_port(),
+            http_port=0,  # any free port: cluster.json names the fronts
             state_dir=state,
             log_level="WARNING",
             store_history=args.history == "on",

@@ -74,7 +74,6 @@ from broker.bench.store_scale_report import plot, scale_figures, series_figures,
 from broker.cluster import ClusterSpec, LocalCluster
 from broker.cluster.operations import resize_store_layer
 from broker.coordination.client import connect
-from broker.coordination.embedded import free_port
 from broker.errors import SilboError
 from broker.extras import require
 
@@ -193,7 +192,7 @@ def _cluster(args: argparse.Namespace, size: int) -> Iterator[LocalCluster]:
             context_stores=args.steps[0],
             replicas=args.replicas,
             grpc_port=0,
-            http_port=free_port(),
+            http_port=0,  # any free port: cluster.json names the fronts
             state_dir=state,
             log_level="INFO",  # the stores' copy lines, the coordinator's steps
         )

@@ -71,6 +71,7 @@ from broker.coordination.configuration import (
 )
 from broker.coordination.embedded import EmbeddedZooKeeper, die_with_parent, stop_detached
 from broker.coordination.errors import ConfigurationConflict, translated
+from broker.coordination.http_subscriptions import FRONTS
 from broker.coordination.membership import Member, members
 from broker.errors import AddressInUse, InvalidInput, SilboError
 from broker.ngsi.cors_options import DEFAULT_MAX_AGE, cors_problems
@@ -413,6 +414,7 @@ class _Child:
     member: Member | None = None
     number: int = 0  # the slot within its role (its log is <role>-<number>.log)
     listen: str = ""
+    http: str = ""  # a connection point's HTTP front, as it registered it (--http-port 0)
 
 
 class LocalCluster:
@@ -479,6 +481,7 @@ class LocalCluster:
             self._spawn_all()
             self._write(self._describe())
             self._await_members_and_form(timeout)
+            self._await_fronts(self._children, timeout)
             self._spawn_autoscalers()
             self._status = "running"
             self.reached_running = True
@@ -569,6 +572,7 @@ class LocalCluster:
                 time.sleep(0.05)
         finally:
             _close(client)
+        self._await_fronts(new, timeout)
         if self._wrote_state:
             self.description = self._describe()
             self._write(self.description)
@@ -909,15 +913,61 @@ class LocalCluster:
                 for p in processes
                 if p["role"] == Role.CONNECTION_POINT.value and p["address"]
             ],
-            "http_endpoints": [
-                f"{HOST}:{self.spec.http_port + i}"
-                for i in range(self.spec.connection_points)
-                if self.spec.http_port
-            ],
+            "http_endpoints": self._http_endpoints(),
             "processes": processes,
             # the autoscaling controllers (silbo autoscaler), not members of any layer
             "autoscalers": self._autoscaler_entries(),
         }
+
+    def http_endpoint(self, member: str) -> str:
+        """The HTTP front of the connection point ``member`` started here ("" if none)."""
+        for i, child in enumerate(c for c in self._children if c.role is Role.CONNECTION_POINT):
+            if child.member is not None and child.member.name == member:
+                if self.spec.http_port:
+                    return f"{HOST}:{self.spec.http_port + i}"
+                return child.http
+        return ""
+
+    def _http_endpoints(self) -> list[str]:
+        if self.spec.http_port:
+            return [f"{HOST}:{self.spec.http_port + i}" for i in range(self.spec.connection_points)]
+        return [c.http for c in self._children if c.http]  # any port: as they registered
+
+    def _await_fronts(self, children: list[_Child], timeout: float) -> None:
+        """With HTTP on any port (``--http-port 0``), wait until each connection point of
+        ``children`` registered its front, and keep its address (cluster.json's
+        ``http_endpoints``)."""
+        waiting = [
+            c
+            for c in children
+            if self.spec.http_port == 0 and c.role is Role.CONNECTION_POINT and c.member
+        ]
+        if not waiting:
+            return
+        client = self._connect()
+        try:
+            deadline = time.monotonic() + timeout
+            for child in waiting:
+                assert child.member is not None
+                while True:
+                    try:
+                        data, _stat = client.get(f"{FRONTS}/{child.member.name}")
+                        child.http = str(json.loads(data)["http"])
+                        break
+                    except NoNodeError:
+                        pass
+                    if child.process.poll() is not None:
+                        raise ClusterError(
+                            f"{child.role.value} exited with {child.process.returncode} while "
+                            f"starting (log: {child.log}):\n{_tail(child.log)}"
+                        )
+                    if time.monotonic() > deadline:
+                        raise ClusterError(
+                            f"{child.member.name} served no HTTP front within {timeout:g} s"
+                        )
+                    time.sleep(0.05)
+        finally:
+            _close(client)
 
     def _autoscaler_entries(self) -> list[dict[str, Any]]:
         return [

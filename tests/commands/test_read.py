@@ -31,8 +31,10 @@ def _run(argv: list[str]) -> tuple[int, str]:
 def test_reads_through_the_client_and_the_command_line(
     start_cluster: StartCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cluster = start_cluster(matchers=1, http_port=0)
+    cluster = start_cluster(matchers=1, http_port=0)  # any port: cluster.json names it
     [front] = fronts_of(cluster)
+    described = json.loads((cluster.state_dir / "cluster.json").read_text())
+    assert described["http_endpoints"] == [f"{front.host}:{front.port}"] and front.port
     headers = {"Fiware-Service": "acme", "Fiware-ServicePath": "/madrid"}
     for i in range(5):
         body: dict[str, Any] = {

@@ -23,9 +23,7 @@ import pytest
 from aiohttp import web
 
 from broker.cluster import ClusterSpec, LocalCluster
-from broker.coordination.client import connect
 from broker.coordination.embedded import EmbeddedZooKeeper
-from broker.coordination.http_subscriptions import FRONTS
 from broker.coordination.membership import Member
 from broker.ngsi.allow import AllowList
 from broker.ngsi.subscriptions import HttpSubscription, parse_document
@@ -232,29 +230,12 @@ class Front:
             connection.close()
 
 
-def fronts_of(
-    cluster: LocalCluster, members: list[Member] | None = None, timeout: float = 30.0
-) -> list[Front]:
-    """The HTTP fronts of ``members`` (by default ``cluster``'s connection points, by
-    registration order), each serving, at the addresses they registered in ZooKeeper: so a
-    cluster serves HTTP on any free port (``http_port=0``), as a port picked free beforehand
-    can be taken by another test's process before the front binds it."""
-    zk = connect(cluster.zk_address, cluster=cluster.spec.cluster, timeout=10.0)
-    try:
-        addresses = []
-        deadline = time.monotonic() + timeout
-        for member in cluster.members_of(Role.CONNECTION_POINT) if members is None else members:
-            while not zk.exists(f"{FRONTS}/{member.name}"):
-                exited = cluster.poll()
-                assert not exited, f"{member.name} serves no HTTP front: {exited}"
-                assert time.monotonic() < deadline, f"{member.name} serves no HTTP front"
-                time.sleep(0.05)
-            data, _stat = zk.get(f"{FRONTS}/{member.name}")
-            addresses.append(json.loads(data)["http"])
-    finally:
-        zk.stop()
-        zk.close()
-    fronts = [Front(address, cluster) for address in addresses]
+def fronts_of(cluster: LocalCluster, members: list[Member] | None = None) -> list[Front]:
+    """The HTTP fronts of ``members`` (by default every connection point of ``cluster``, by
+    registration order), each serving."""
+    chosen = cluster.members_of(Role.CONNECTION_POINT) if members is None else members
+    fronts = [Front(cluster.http_endpoint(m.name), cluster) for m in chosen]
+    assert all(f.port for f in fronts), "a connection point without an HTTP front"
     for front in fronts:
         front.wait_serving()
     return fronts
@@ -268,7 +249,9 @@ def started_fronts(
     **fields: Any,
 ) -> Iterator[list[Front]]:
     """A cluster on ``zookeeper`` (``fields``: more of its ClusterSpec), each of its
-    connection points serving HTTP on a free port, serving; stopped on leaving."""
+    connection points serving HTTP, serving; stopped on leaving. On any free port: a port
+    picked free beforehand can be taken by another test's process before the front binds it
+    (a CI run lost nine tests' fixtures so)."""
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     spec = ClusterSpec(
         zk=zookeeper.address,
