@@ -11,7 +11,7 @@ import time
 
 from kazoo.client import KazooClient
 
-from broker.runtime.process import close_within
+from broker.coordination.client import close
 
 
 def _stuck_client(listener: socket.socket) -> tuple[KazooClient, socket.socket]:
@@ -32,7 +32,7 @@ def test_a_client_waiting_for_a_silent_zookeeper_is_closed_within_the_bound() ->
         zk, accepted = _stuck_client(listener)
         with accepted:
             began = time.monotonic()
-            close_within(zk, 1.0)
+            close(zk, within=1.0)
             took = time.monotonic() - began
             # kazoo's own stop still waits for the read (so the bound is what ended it)
             assert any(t.name == "zookeeper-close" for t in threading.enumerate())

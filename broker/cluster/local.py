@@ -62,7 +62,7 @@ from kazoo.exceptions import NoNodeError
 
 from broker.archive.location import location
 from broker.cluster.durable import STORES, clear_previous_run, layout_of, purge, write_layout
-from broker.coordination.client import chroot_of, connect
+from broker.coordination.client import CLOSE_WITHIN, chroot_of, close, connect
 from broker.coordination.configuration import (
     CONFIG,
     DEFAULT_REPLICAS,
@@ -571,7 +571,7 @@ class LocalCluster:
                     child.member = by_pid.get(child.process.pid)
                 time.sleep(0.05)
         finally:
-            _close(client)
+            close(client, CLOSE_WITHIN)
         self._await_fronts(new, timeout)
         if self._wrote_state:
             self.description = self._describe()
@@ -744,7 +744,7 @@ class LocalCluster:
             ):
                 client.delete(CONFIG)
         finally:
-            _close(client)
+            close(client, CLOSE_WITHIN)
 
     def _check_store_layout(self, client: KazooClient) -> None:
         """Write the store layout of ``context_stores`` stores, or check the kept one has
@@ -877,7 +877,7 @@ class LocalCluster:
                     "by someone else while starting; choose another --cluster name"
                 ) from exc
         finally:
-            _close(client)
+            close(client, CLOSE_WITHIN)
 
     def _describe(self) -> dict[str, Any]:
         processes = [
@@ -967,7 +967,7 @@ class LocalCluster:
                         )
                     time.sleep(0.05)
         finally:
-            _close(client)
+            close(client, CLOSE_WITHIN)
 
     def _autoscaler_entries(self) -> list[dict[str, Any]]:
         return [
@@ -1110,12 +1110,6 @@ def _may_be_alive(member: Member) -> bool:
     return not (member.address.startswith("127.") and not running(member.pid))
 
 
-def _close(client: KazooClient) -> None:
-    with contextlib.suppress(Exception):  # best effort: the session ends with us anyway
-        client.stop()
-        client.close()
-
-
 def _stat_fields(pid: int) -> list[str] | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -1191,7 +1185,7 @@ def add_processes(
                 raise ClusterError(f"a new {role.value} {why}")
             time.sleep(0.05)
     finally:
-        _close(client)
+        close(client, CLOSE_WITHIN)
     new = [by_pid[p.pid] for p, _log in started]
     entries = [
         {

@@ -37,7 +37,6 @@ Every event is one line on ``out`` (stderr of ``silbo up``) and a count in clust
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -56,7 +55,7 @@ from broker.cluster.local import (
     read_cluster,
     update_description,
 )
-from broker.coordination.client import connect
+from broker.coordination.client import CLOSE_WITHIN, close, connect
 from broker.coordination.configuration import ClusterConfiguration
 from broker.coordination.coordinator import scale_layer, serving
 from broker.coordination.http_subscriptions import release_dead_front
@@ -127,9 +126,7 @@ class Supervisor:
         if self._liveness is not None:
             self._liveness.close()
         if self._client is not None:
-            with contextlib.suppress(Exception):
-                self._client.stop()
-                self._client.close()
+            close(self._client, CLOSE_WITHIN)
             self._client = None
 
     def check(self) -> None:

@@ -26,7 +26,6 @@ import gc
 import logging
 import os
 import signal
-import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -35,7 +34,7 @@ import grpc
 from kazoo.client import KazooClient
 from kazoo.recipe.watchers import DataWatch
 
-from broker.coordination.client import ConnectionStateWatcher, connect
+from broker.coordination.client import CLOSE_WITHIN, ConnectionStateWatcher, close, connect
 from broker.coordination.errors import CoordinationError
 from broker.coordination.membership import Member, Membership, MembershipState
 from broker.coordination.repair import Repairer
@@ -152,7 +151,6 @@ LOAD_REFRESH = 1.0  # seconds between two refreshes of the load gauges
 # (restarted under a loaded machine) it waited the client's 10-s retry deadline, past its
 # supervisor's stop grace
 LEAVE_WITHIN = 2.0
-CLOSE_WITHIN = 1.5  # seconds a stopping process waits for its ZooKeeper client to close
 
 
 def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
@@ -287,7 +285,7 @@ async def serve(
         await server.stop(grace=2.0)
     finally:
         watcher.close()
-        await asyncio.to_thread(close_within, zk, CLOSE_WITHIN)
+        await asyncio.to_thread(close, zk, CLOSE_WITHIN)
     return 0
 
 
@@ -349,23 +347,3 @@ def _internal(options: ProcessOptions) -> tuple[str, str]:
     if options.advertise:
         advertise = f"{parse_address(options.advertise, '--advertise')[0]}:0"
     return listen, advertise
-
-
-def close_within(zk: KazooClient, within: float) -> None:
-    """Close ``zk``, waiting ``within`` seconds at most: its connection thread, in a read
-    from a ZooKeeper that does not answer (one restarted under load), holds kazoo's stop up
-    to 10 s (a stopping access point took 9.9 s so). The session ends with the process then;
-    the closing thread is a daemon's, left behind."""
-    closing = threading.Thread(target=_close, args=(zk,), name="zookeeper-close", daemon=True)
-    closing.start()
-    closing.join(within)
-    if closing.is_alive():
-        _log.warning("the ZooKeeper client did not close within %g s: exiting without", within)
-
-
-def _close(zk: KazooClient) -> None:
-    try:
-        zk.stop()
-        zk.close()
-    except Exception:  # closing is best effort: the session ends with the process anyway
-        _log.debug("closing ZooKeeper failed", exc_info=True)
