@@ -69,6 +69,7 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", 64 << 20),
 )
 _END = object()
+CLOSE_WAIT = 2.0  # seconds a closing client waits for each stream's reader to see its end
 _Record = Callable[[pb.SessionAck], None]
 
 
@@ -135,13 +136,25 @@ class _Stream:
         self._on_event = on_event
         self._on_end = on_end
         self._call: grpc.RpcContext | None = None
+        self._reader: threading.Thread | None = None
         self.closing = False
         self.ended_ok = False  # a stream the server may end (OK) without it being a failure
 
     def open(self, method: Callable[..., Iterator[object]]) -> None:
         call = method(self._iterate(), wait_for_ready=True)
         self._call = call  # type: ignore[assignment]
-        threading.Thread(target=self._read, args=(call,), name=self._name, daemon=True).start()
+        self._reader = threading.Thread(
+            target=self._read, args=(call,), name=self._name, daemon=True
+        )
+        self._reader.start()
+
+    def wait_ended(self, timeout: float) -> None:
+        """Wait (``timeout`` seconds at most) for the reader to see the stream end: a call
+        still open when the interpreter exits is cancelled by its garbage collection, which
+        aborted a CI run's ``silbo subscribe`` (SIGABRT, "Fatal Python error: Aborted")."""
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout)
 
     def send(self, request: object) -> None:
         self._requests.put(request)
@@ -793,6 +806,8 @@ class Client:
             stream.close()
         for handle in subscriptions:
             handle._end()
+        for stream in streams:
+            stream.wait_ended(CLOSE_WAIT)
         for channel in list(self._channels.values()):
             channel.close()
 
