@@ -921,10 +921,12 @@ class LocalCluster:
 
     def http_endpoint(self, member: str) -> str:
         """The HTTP front of the connection point ``member`` started here ("" if none)."""
-        for i, child in enumerate(c for c in self._children if c.role is Role.CONNECTION_POINT):
+        for child in self._children:
             if child.member is not None and child.member.name == member:
-                if self.spec.http_port:
-                    return f"{HOST}:{self.spec.http_port + i}"
+                if child.role is not Role.CONNECTION_POINT or self.spec.http_port is None:
+                    return ""
+                if self.spec.http_port:  # the slot's port, as it was started
+                    return f"{HOST}:{self.spec.http_port + child.number - 1}"
                 return child.http
         return ""
 
