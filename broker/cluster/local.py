@@ -842,10 +842,7 @@ class LocalCluster:
                 exited = [c for c in self._children if c.process.poll() is not None]
                 if exited:
                     child = exited[0]
-                    raise ClusterError(
-                        f"{child.role.value} exited with {child.process.returncode} while "
-                        f"starting (log: {child.log}):\n{_tail(child.log)}"
-                    )
+                    raise _exited_while_starting(child)
                 by_pid = {m.pid: m for m in members(client)}
                 for child in self._children:
                     child.member = by_pid.get(child.process.pid)
@@ -959,10 +956,7 @@ class LocalCluster:
                     except NoNodeError:
                         pass
                     if child.process.poll() is not None:
-                        raise ClusterError(
-                            f"{child.role.value} exited with {child.process.returncode} while "
-                            f"starting (log: {child.log}):\n{_tail(child.log)}"
-                        )
+                        raise _exited_while_starting(child)
                     if time.monotonic() > deadline:
                         raise ClusterError(
                             f"{child.member.name} served no HTTP front within {timeout:g} s"
@@ -1110,6 +1104,13 @@ def _wait_gone(pids: Iterable[int], timeout: float) -> None:
 def _may_be_alive(member: Member) -> bool:
     """False for a registration on this host whose process is gone (its session lingers)."""
     return not (member.address.startswith("127.") and not running(member.pid))
+
+
+def _exited_while_starting(child: _Child) -> ClusterError:
+    return ClusterError(
+        f"{child.role.value} exited with {child.process.returncode} while starting "
+        f"(log: {child.log}):\n{_tail(child.log)}"
+    )
 
 
 def _stat_fields(pid: int) -> list[str] | None:

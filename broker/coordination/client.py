@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 ROOT = "/silbo"
+CLOSE_WITHIN = 1.5  # seconds a process about to stop or exit waits for a client to close
 
 _log = logging.getLogger(__name__)
 
@@ -204,16 +205,13 @@ def _start(hosts: str, deadline: float, timeout: float, session_timeout: float) 
 def _close_quietly(client: KazooClient) -> None:
     try:
         _close(client)
-    except Exception:  # best effort: the caller has already been told ZooKeeper is unavailable
+    except Exception:  # best effort: the session ends with the process or its timeout anyway
         _log.debug("closing a ZooKeeper client failed", exc_info=True)
 
 
 def _close(client: KazooClient) -> None:
     client.stop()
     client.close()
-
-
-CLOSE_WITHIN = 1.5  # seconds a process about to stop or exit waits for a client to close
 
 
 def close(client: KazooClient, within: float | None = None) -> None:
