@@ -6,6 +6,8 @@ restarted on a loaded machine) held kazoo's stop up to 10 s (a CI run's access p
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -37,3 +39,29 @@ def test_a_client_waiting_for_a_silent_zookeeper_is_closed_within_the_bound() ->
             # kazoo's own stop still waits for the read (so the bound is what ended it)
             assert any(t.name == "zookeeper-close" for t in threading.enumerate())
         assert took < 2.5, f"closing took {took:.1f} s"
+
+
+_HELD = """
+import asyncio, threading, time
+from broker.runtime.process import _exit_if_held, _run
+
+async def main() -> int:
+    release = threading.Event()
+    asyncio.get_running_loop().run_in_executor(None, release.wait, 60)  # never released
+    await asyncio.sleep(0.1)
+    return 3
+
+_exit_if_held(_run(main()))
+"""
+
+
+def test_a_thread_still_waiting_does_not_hold_the_exit() -> None:
+    """A stopped process whose executor thread still waits (on a ZooKeeper that does not
+    answer, say) exits within a second or two with its status, not when the thread gives up
+    (a CI run's foreground ``silbo up`` took 9.5 s to stop so)."""
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HELD], capture_output=True, timeout=60)
+    took = time.monotonic() - began
+    assert done.returncode == 3, done.stderr.decode()[-2000:]
+    assert took < 10.0, f"the exit took {took:.1f} s"
+    assert b"threads still wait" in done.stderr

@@ -26,7 +26,10 @@ import gc
 import logging
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -151,6 +154,7 @@ LOAD_REFRESH = 1.0  # seconds between two refreshes of the load gauges
 # (restarted under a loaded machine) it waited the client's 10-s retry deadline, past its
 # supervisor's stop grace
 LEAVE_WITHIN = 2.0
+EXECUTOR_WITHIN = 1.0  # seconds a stopped process waits for its to_thread calls still running
 
 
 def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -> int:
@@ -164,7 +168,9 @@ def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -
     gc.set_threshold(50_000, 20, 50)
     profile_dir = os.environ.get("SILBO_PROFILE")
     if not profile_dir:
-        return asyncio.run(serve(options, make_role))
+        status = _run(serve(options, make_role))
+        _exit_if_held(status)
+        return status
     import cProfile
 
     profiler = cProfile.Profile()
@@ -172,6 +178,52 @@ def run_process(options: ProcessOptions, make_role: Callable[[], RoleService]) -
         return profiler.runcall(asyncio.run, serve(options, make_role))
     finally:
         profiler.dump_stats(os.path.join(profile_dir, f"{options.role.value}-{os.getpid()}.prof"))
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run(main)``, but waiting EXECUTOR_WITHIN seconds at most for the threads of
+    ``asyncio.to_thread`` calls still running: one blocked in a ZooKeeper call (a ZooKeeper
+    restarted under load that does not answer) held a stopping process until kazoo gave up,
+    about 10 s (a CI run's foreground ``silbo up`` took 9.5 s to stop so)."""
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(thread_name_prefix="to-thread")
+    loop.set_default_executor(executor)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            # not loop.shutdown_default_executor(): it joins the executor's threads, unbounded
+            waiting = threading.Thread(
+                target=executor.shutdown, name="executor-shutdown", daemon=True
+            )
+            waiting.start()
+            waiting.join(EXECUTOR_WITHIN)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _exit_if_held(status: int) -> None:
+    """Exit now with ``status`` if a thread would hold the interpreter's exit (the executor's
+    threads are joined at exit): every step of the stop is done and bounded, and what such a
+    thread waits for (ZooKeeper) ends with the process anyway."""
+    held = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
+    if held:
+        _log.warning("exiting although threads still wait: %s", ", ".join(held))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 async def serve(
